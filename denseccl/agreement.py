@@ -1,0 +1,122 @@
+"""The cross-rank agreement check: before data moves, every rank must hold the same descriptor
+(collective, root, op, layout key of the input or per-rank block; the key carries dtype and
+shape).
+
+Cheap path: one host allreduce (max) of ``[digest, -digest, invalid]``, which tells every rank at
+once whether all digests are equal and nobody's input was invalid. Only on disagreement do the
+ranks exchange full descriptors, so that every rank raises the same, complete error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+from .errors import MismatchError
+from .layout import LayoutKey
+from .transports.base import ControlChannel
+
+_FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
+
+
+class Descriptor(NamedTuple):
+    """What every rank must agree on before a collective."""
+
+    collective: str
+    root: Optional[int] = None
+    op: Optional[str] = None
+    key: Optional[LayoutKey] = None
+
+    def fields(self) -> Dict[str, object]:
+        dtype, shape, strides = self.key if self.key is not None else (None, None, None)
+        return {"collective": self.collective, "root": self.root, "op": self.op, "dtype": dtype, "shape": shape, "layout": strides}
+
+    def describe(self) -> str:
+        words = [self.collective]
+        if self.root is not None:
+            words.append(f"root={self.root}")
+        if self.op is not None:
+            words.append(f"op={self.op}")
+        if self.key is not None:
+            dtype, shape, strides = self.key
+            shown = tuple("*" if s is None else s for s in strides)
+            words.append(f"{dtype} shape {tuple(shape)} strides {shown}".replace("'", ""))
+        return " ".join(words)
+
+
+_DIGESTS: Dict[Descriptor, int] = {}
+
+
+def digest(descriptor: Descriptor) -> int:
+    """A 63-bit digest, stable across processes (unlike ``hash`` of strings)."""
+    found = _DIGESTS.get(descriptor)
+    if found is None:
+        raw = hashlib.blake2b(repr(tuple(descriptor)).encode(), digest_size=8).digest()
+        found = int.from_bytes(raw, "little") >> 1
+        if len(_DIGESTS) > 4096:
+            _DIGESTS.clear()
+        _DIGESTS[descriptor] = found
+    return found
+
+
+def agree(control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None) -> None:
+    """Return when every rank holds ``descriptor`` and none is invalid. Otherwise raise on every
+    rank: ``invalid`` itself on a rank that passed one, :class:`MismatchError` elsewhere."""
+    value = digest(descriptor)
+    highest, negated_lowest, any_invalid = control.allreduce_max([value, -value, int(invalid is not None)], deadline)
+    if highest == -negated_lowest and not any_invalid:
+        return
+    mine = {"descriptor": list(descriptor), "invalid": _error_text(invalid)}
+    payloads = control.allgather_bytes(json.dumps(mine).encode(), deadline)
+    report = mismatch_report([json.loads(p) for p in payloads], control.rank)
+    if invalid is not None:
+        raise invalid
+    raise MismatchError(report)
+
+
+def _error_text(error: Optional[BaseException]) -> Optional[str]:
+    if error is None:
+        return None
+    return f"{type(error).__name__}: {error}"
+
+
+def _descriptor(raw: Sequence[object]) -> Descriptor:
+    collective, root, op, key = raw
+    if key is not None:
+        dtype, shape, strides = key  # type: ignore[misc]
+        key = (dtype, tuple(shape), tuple(strides))
+    return Descriptor(collective, root, op, key)  # type: ignore[arg-type]
+
+
+def _rank_list(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def mismatch_report(entries: Sequence[Dict[str, object]], my_rank: int) -> str:
+    """The error text: each distinct descriptor with the ranks holding it, what differs, and
+    what to do."""
+    groups: Dict[str, List[int]] = {}
+    descriptors: Dict[str, Descriptor] = {}
+    invalid_lines = []
+    for rank, entry in enumerate(entries):
+        descriptor = _descriptor(entry["descriptor"])  # type: ignore[arg-type]
+        if entry["invalid"] is not None:
+            invalid_lines.append(f"  rank {rank}: {descriptor.collective} with an invalid input ({entry['invalid']})")
+            continue
+        line = descriptor.describe()
+        groups.setdefault(line, []).append(rank)
+        descriptors[line] = descriptor
+    lines = [f"  {_rank_list(ranks)}: {line}" for line, ranks in groups.items()]
+    distinct = list(descriptors.values())
+    differing = [f for f in _FIELDS if len({repr(d.fields()[f]) for d in distinct}) > 1]
+    if invalid_lines and not differing:
+        headline = "a peer's input failed validation"
+    else:
+        headline = "ranks disagree on " + (", ".join(differing) if differing else "the call")
+    return (
+        f"collective mismatch seen by rank {my_rank}: {headline}.\n"
+        + "\n".join(lines + invalid_lines)
+        + "\nEvery rank must call the same collective with the same root, op, dtype, shape and layout "
+        "(strides of size-1 dims excepted). Nothing was sent and the communicator is still usable."
+    )

@@ -1,0 +1,204 @@
+"""Adapters from user arrays to a :class:`Buffer`, and allocation of arrays of a given layout.
+
+Supported: NumPy arrays, torch tensors (CPU and CUDA; torch is imported only when a tensor
+arrives), CuPy arrays, and any object with ``__cuda_array_interface__``,
+``__array_interface__`` or ``__dlpack__`` (host memory). Strides are converted to elements here;
+byte strides that are not a multiple of the itemsize are refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from .errors import LayoutError
+from .layout import Layout
+from .ops import DTYPES
+
+#: Device of a buffer: -1 for host memory, else the CUDA device index.
+HOST = -1
+
+
+class Buffer(NamedTuple):
+    """What a collective needs of an array: where it lives, its layout, and the array itself
+    (kept alive while a transfer runs, and used to allocate results of the same kind)."""
+
+    pointer: int
+    layout: Layout
+    device: int
+    library: str  # "numpy", "torch", "cupy" or "cuda_array_interface"
+    readonly: bool
+    owner: Any
+
+    @property
+    def span_pointer(self) -> int:
+        """Address of the first byte of the storage span."""
+        return self.pointer + self.layout.span[0] * self.layout.itemsize
+
+    def describe(self) -> str:
+        where = "host" if self.device == HOST else f"cuda:{self.device}"
+        return f"{self.library} array on {where}, {self.layout.describe()}"
+
+
+_NUMPY_NAMES: Dict[Any, str] = {}
+
+
+def _numpy_dtype_name(dtype: np.dtype) -> str:
+    name = _NUMPY_NAMES.get(dtype)
+    if name is not None:
+        return name
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise LayoutError(f"dtype {dtype} is not a numeric element type; only plain numeric dtypes can be reduced")
+    if not dtype.isnative:
+        raise LayoutError(
+            f"dtype {dtype.str} is not in the machine's byte order; convert it first, e.g. "
+            "x.astype(x.dtype.newbyteorder('='))"
+        )
+    if dtype.name not in DTYPES:
+        raise LayoutError(f"dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
+    _NUMPY_NAMES[dtype] = dtype.name
+    return dtype.name
+
+
+_LAYOUTS: Dict[Tuple[Any, ...], Layout] = {}
+
+
+def _layout_from_bytes(shape: Tuple[int, ...], byte_strides: Tuple[int, ...], itemsize: int, dtype: str) -> Layout:
+    """Layout with element strides, cached: arrays of the same geometry share one Layout."""
+    cache_key = (shape, byte_strides, itemsize, dtype)
+    layout = _LAYOUTS.get(cache_key)
+    if layout is None:
+        if any(stride % itemsize for stride in byte_strides):
+            raise LayoutError(
+                f"{dtype} array of shape {shape} has byte strides {byte_strides} that are not multiples of "
+                f"its itemsize {itemsize}; copy it into an aligned array first (e.g. np.ascontiguousarray(x))"
+            )
+        layout = Layout(shape, tuple(stride // itemsize for stride in byte_strides), itemsize, dtype)
+        if len(_LAYOUTS) > 8192:
+            _LAYOUTS.clear()
+        _LAYOUTS[cache_key] = layout
+    return layout
+
+
+def _numpy_buffer(x: np.ndarray) -> Buffer:
+    dtype = x.dtype
+    layout = _layout_from_bytes(x.shape, x.strides, dtype.itemsize, _numpy_dtype_name(dtype))
+    return Buffer(x.ctypes.data, layout, HOST, "numpy", not x.flags.writeable, x)
+
+
+_TORCH_NAMES: Dict[Any, str] = {}
+
+
+def _torch_dtype_name(dtype: Any) -> str:
+    name = _TORCH_NAMES.get(dtype)
+    if name is None:
+        name = str(dtype).rpartition(".")[2]
+        if name not in DTYPES:
+            raise LayoutError(f"torch dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
+        _TORCH_NAMES[dtype] = name
+    return name
+
+
+def _torch_buffer(x: Any) -> Buffer:
+    if x.layout is not sys.modules["torch"].strided:
+        raise LayoutError(f"torch tensor with layout {x.layout} is not supported; pass a strided (dense) tensor")
+    name = _torch_dtype_name(x.dtype)
+    itemsize = x.element_size()
+    shape = tuple(x.shape)
+    layout = _layout_from_bytes(shape, tuple(s * itemsize for s in x.stride()), itemsize, name)
+    device = x.device
+    if device.type == "cpu":
+        index = HOST
+    elif device.type == "cuda":
+        index = device.index if device.index is not None else 0
+    else:
+        raise LayoutError(f"torch tensor on device {device} is not supported; use a cpu or cuda tensor")
+    return Buffer(x.data_ptr(), layout, index, "torch", False, x)
+
+
+def _interface_buffer(x: Any, interface: Dict[str, Any], device: int, library: str) -> Buffer:
+    if interface.get("mask") is not None:
+        raise LayoutError("masked arrays are not supported; fill the mask first")
+    dtype = np.dtype(interface["typestr"])
+    name = _numpy_dtype_name(dtype)
+    shape = tuple(interface["shape"])
+    strides = interface.get("strides")
+    if strides is None:
+        layout = _layout_from_bytes(shape, tuple(s * dtype.itemsize for s in _row_major(shape)), dtype.itemsize, name)
+    else:
+        layout = _layout_from_bytes(shape, tuple(strides), dtype.itemsize, name)
+    pointer, readonly = interface["data"]
+    return Buffer(int(pointer or 0), layout, device, library, bool(readonly), x)
+
+
+def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _cupy_buffer(x: Any) -> Buffer:
+    dtype = x.dtype
+    layout = _layout_from_bytes(x.shape, x.strides, dtype.itemsize, _numpy_dtype_name(dtype))
+    return Buffer(x.data.ptr, layout, x.device.id, "cupy", False, x)
+
+
+def as_buffer(x: Any) -> Buffer:
+    """The :class:`Buffer` of an array; :class:`LayoutError` if ``x`` is not an array we know."""
+    if type(x) is np.ndarray:
+        return _numpy_buffer(x)
+    module = type(x).__module__
+    if module.startswith("torch") and "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor):
+        return _torch_buffer(x)
+    if module.startswith("cupy"):
+        return _cupy_buffer(x)
+    if isinstance(x, np.ndarray):
+        return _numpy_buffer(x)
+    interface = getattr(x, "__cuda_array_interface__", None)
+    if interface is not None:
+        return _interface_buffer(x, interface, _cuda_device_of_pointer(interface["data"][0]), "cuda_array_interface")
+    interface = getattr(x, "__array_interface__", None)
+    if interface is not None:
+        return _numpy_buffer(np.asarray(x))
+    if hasattr(x, "__dlpack__"):
+        try:
+            return _numpy_buffer(np.from_dlpack(x))
+        except (BufferError, RuntimeError, TypeError) as error:
+            raise LayoutError(f"{type(x).__name__} exposes DLPack but not as host memory NumPy can view: {error}") from None
+    raise LayoutError(
+        f"expected an array (NumPy, CuPy, torch, or an object with __cuda_array_interface__, "
+        f"__array_interface__ or __dlpack__), got {type(x).__name__}"
+    )
+
+
+def _cuda_device_of_pointer(pointer: int) -> int:
+    import cupy  # noqa: PLC0415 - only device arrays need it
+
+    if not pointer:
+        return cupy.cuda.runtime.getDevice()
+    attributes = cupy.cuda.runtime.pointerGetAttributes(pointer)
+    return int(attributes.device)
+
+
+def allocate(like: Buffer, layout: Layout) -> Any:
+    """A new, uninitialised array with ``layout`` of the same kind and device as ``like``."""
+    lo, numel = layout.span
+    if like.library == "torch":
+        torch = sys.modules["torch"]
+        device = "cpu" if like.device == HOST else f"cuda:{like.device}"
+        return torch.empty_strided(layout.shape, layout.strides, dtype=like.owner.dtype, device=device)
+    byte_strides = tuple(s * layout.itemsize for s in layout.strides)
+    if like.device == HOST:
+        dtype = like.owner.dtype if isinstance(like.owner, np.ndarray) else np.dtype(layout.dtype)
+        base = np.empty(numel, dtype)
+        return np.ndarray(layout.shape, dtype, buffer=base, offset=-lo * layout.itemsize, strides=byte_strides)
+    import cupy  # noqa: PLC0415
+
+    dtype = like.owner.dtype if like.library == "cupy" else np.dtype(layout.dtype)
+    with cupy.cuda.Device(like.device):
+        memory = cupy.cuda.alloc(max(numel, 1) * layout.itemsize)
+        return cupy.ndarray(layout.shape, dtype, memptr=memory + (-lo * layout.itemsize), strides=byte_strides)

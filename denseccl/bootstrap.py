@@ -1,0 +1,100 @@
+"""Who am I: build a Communicator from the environment (mpiexec/mpirun), or from explicit
+arguments.
+
+Policy knobs, each with an environment twin: ``backend`` (``DENSECCL_BACKEND``), ``check``
+(``DENSECCL_CHECK=always|off``), ``timeout`` in seconds (``DENSECCL_TIMEOUT``; 0 waits forever).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+from .communicator import Communicator
+from .errors import DenseCCLError
+
+DEFAULT_TIMEOUT = 300.0
+_CHECK_WORDS = {"always": True, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False, "never": False}
+
+
+def _check_policy(check: Union[None, bool, str]) -> bool:
+    if isinstance(check, bool):
+        return check
+    word = (check if check is not None else os.environ.get("DENSECCL_CHECK", "always")).strip().lower()
+    if word not in _CHECK_WORDS:
+        raise DenseCCLError(f"check must be 'always' or 'off' (got {word!r} from {'check=' if check is not None else 'DENSECCL_CHECK'})")
+    return _CHECK_WORDS[word]
+
+
+def _timeout_policy(timeout: Optional[float]) -> Optional[float]:
+    if timeout is None:
+        raw = os.environ.get("DENSECCL_TIMEOUT")
+        if raw is None:
+            return DEFAULT_TIMEOUT
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise DenseCCLError(f"DENSECCL_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if timeout < 0:
+        raise DenseCCLError(f"timeout must be >= 0 seconds (0 waits forever), got {timeout}")
+    return timeout or None
+
+
+def _import_mpi() -> Any:
+    try:
+        from mpi4py import MPI  # noqa: PLC0415 - optional dependency
+    except ImportError as error:
+        raise DenseCCLError(
+            f"the mpi backend needs mpi4py and an MPI library ({error}); install them with "
+            "pip install 'denseccl[mpi]' (mpi4py and mpich) and launch the job with mpiexec"
+        ) from None
+    return MPI
+
+
+def init(
+    backend: Optional[str] = None,
+    *,
+    check: Union[None, bool, str] = None,
+    timeout: Optional[float] = None,
+    comm: Any = None,
+    **options: Any,
+) -> Communicator:
+    """Create a Communicator.
+
+    ``backend``: ``"mpi"`` (host arrays over mpi4py), ``"nccl"`` (device arrays over NCCL) or
+    None to choose: ``DENSECCL_BACKEND`` if set, else NCCL where a GPU and NCCL are present and
+    MPI otherwise. ``comm``: an mpi4py communicator to build on (default ``MPI.COMM_WORLD``;
+    under mpiexec nothing else is needed). ``check``: ``"always"`` (default) checks that every
+    rank holds the same descriptor before each collective; ``"off"`` skips that, and then a rank
+    whose input is invalid raises alone while its peers wait until the timeout. ``timeout``:
+    seconds a rank waits for its peers before :class:`CollectiveTimeoutError` (default 300).
+    """
+    backend = (backend or os.environ.get("DENSECCL_BACKEND") or _default_backend()).lower()
+    checking = _check_policy(check)
+    seconds = _timeout_policy(timeout)
+    if backend == "mpi":
+        if options:
+            raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
+        return _init_mpi(comm, checking, seconds)
+    if backend == "nccl":
+        from .nccl_bootstrap import init_nccl  # noqa: PLC0415 - needs cupy
+
+        return init_nccl(comm=comm, check=checking, timeout=seconds, **options)
+    raise DenseCCLError(f"unknown backend {backend!r}: use 'mpi' (host arrays) or 'nccl' (device arrays)")
+
+
+def _init_mpi(comm: Any, check: bool, timeout: Optional[float]) -> Communicator:
+    MPI = _import_mpi()
+    from .transports.mpi import MPIControl, MPITransport  # noqa: PLC0415
+
+    base = comm if comm is not None else MPI.COMM_WORLD
+    return Communicator(MPITransport(base.Dup()), MPIControl(base.Dup()), check=check, timeout=timeout)
+
+
+def _default_backend() -> str:
+    """NCCL when a GPU and NCCL are usable here, else MPI."""
+    try:
+        from .nccl_bootstrap import nccl_usable  # noqa: PLC0415
+    except ImportError:
+        return "mpi"
+    return "nccl" if nccl_usable() else "mpi"

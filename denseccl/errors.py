@@ -1,0 +1,25 @@
+"""The errors denseccl raises. Every one derives from :class:`DenseCCLError`."""
+
+from __future__ import annotations
+
+
+class DenseCCLError(Exception):
+    """Base of every denseccl error."""
+
+
+class LayoutError(DenseCCLError, ValueError):
+    """A local input problem: not dense, ``out`` has another layout, malformed stacked buffer,
+    unsupported dtype or op, read-only buffer, root out of range. Nothing was touched."""
+
+
+class MismatchError(DenseCCLError, RuntimeError):
+    """Ranks disagree on collective, root, op, dtype, shape or layout (or a peer's input was
+    invalid). Raised on every rank; no buffer was touched and the communicator stays usable."""
+
+
+class CollectiveTimeoutError(DenseCCLError, TimeoutError):
+    """A peer never joined within the timeout. The communicator is marked broken afterwards."""
+
+
+class CommunicatorBrokenError(DenseCCLError, RuntimeError):
+    """The communicator cannot be used any more (after a timeout or a transport failure)."""

@@ -1,0 +1,151 @@
+"""Reduction ops and the dtype tables of the transports.
+
+Dtypes are named by strings (``"float32"``, ``"bfloat16"`` …) so that NumPy, CuPy and torch
+arrays meet on common ground and layout keys compare equal across libraries.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Dict, NamedTuple, Union
+
+from .errors import LayoutError
+
+
+class ReduceOp(enum.Enum):
+    """Reduction ops; string forms ``"sum"``, ``"prod"``, ``"min"``, ``"max"``, ``"avg"``."""
+
+    SUM = "sum"
+    PRODUCT = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    PREMUL_SUM = "premul_sum"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PreMulSum(NamedTuple):
+    """Sum of every rank's input multiplied by ``factor`` first (DDP's pre-division)."""
+
+    factor: float
+
+    @property
+    def kind(self) -> ReduceOp:
+        return ReduceOp.PREMUL_SUM
+
+    def __str__(self) -> str:
+        return f"premul_sum({self.factor!r})"
+
+
+Op = Union[ReduceOp, PreMulSum]
+OpLike = Union[str, ReduceOp, PreMulSum]
+
+_OP_ALIASES: Dict[str, ReduceOp] = {
+    "sum": ReduceOp.SUM,
+    "prod": ReduceOp.PRODUCT,
+    "product": ReduceOp.PRODUCT,
+    "min": ReduceOp.MIN,
+    "max": ReduceOp.MAX,
+    "avg": ReduceOp.AVG,
+    "mean": ReduceOp.AVG,
+}
+
+
+def as_op(op: OpLike) -> Op:
+    """Normalise a user's op to a :class:`ReduceOp` member or a :class:`PreMulSum`."""
+    if isinstance(op, PreMulSum):
+        factor = op.factor
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor):
+            raise LayoutError(f"PreMulSum factor must be a finite real number, got {factor!r}")
+        return op
+    if isinstance(op, ReduceOp):
+        if op is ReduceOp.PREMUL_SUM:
+            raise LayoutError("ReduceOp.PREMUL_SUM needs a factor: pass denseccl.PreMulSum(factor)")
+        return op
+    if isinstance(op, str) and op.lower() in _OP_ALIASES:
+        return _OP_ALIASES[op.lower()]
+    raise LayoutError(
+        f"unknown reduction op {op!r}: use 'sum', 'prod', 'min', 'max', 'avg', a denseccl.ReduceOp "
+        "member or denseccl.PreMulSum(factor)"
+    )
+
+
+def op_kind(op: Op) -> ReduceOp:
+    return op.kind if isinstance(op, PreMulSum) else op
+
+
+class DType(NamedTuple):
+    """What the transports need to know of an element type."""
+
+    name: str
+    itemsize: int
+    kind: str  # "f" float, "i" signed int, "u" unsigned int, "b" bool, "c" complex
+
+
+DTYPES: Dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("bool", 1, "b"),
+        DType("int8", 1, "i"),
+        DType("uint8", 1, "u"),
+        DType("int16", 2, "i"),
+        DType("uint16", 2, "u"),
+        DType("int32", 4, "i"),
+        DType("uint32", 4, "u"),
+        DType("int64", 8, "i"),
+        DType("uint64", 8, "u"),
+        DType("float16", 2, "f"),
+        DType("bfloat16", 2, "f"),
+        DType("float32", 4, "f"),
+        DType("float64", 8, "f"),
+        DType("complex64", 8, "c"),
+        DType("complex128", 16, "c"),
+        DType("float8_e4m3fn", 1, "f"),
+        DType("float8_e5m2", 1, "f"),
+    )
+}
+
+#: Ops each dtype kind supports, before any transport restriction. Bool follows torch: sum is a
+#: logical or, prod a logical and. Complex follows torch's ``supports_complex``: no min/max.
+KIND_OPS: Dict[str, frozenset] = {
+    "f": frozenset(ReduceOp),
+    "i": frozenset(ReduceOp),
+    "u": frozenset(ReduceOp),
+    "b": frozenset({ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX}),
+    "c": frozenset({ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVG, ReduceOp.PREMUL_SUM}),
+}
+
+#: Bool reductions as the logical ops they are.
+BOOL_OPS: Dict[ReduceOp, ReduceOp] = {
+    ReduceOp.SUM: ReduceOp.MAX,
+    ReduceOp.PRODUCT: ReduceOp.MIN,
+    ReduceOp.MIN: ReduceOp.MIN,
+    ReduceOp.MAX: ReduceOp.MAX,
+}
+
+
+def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Dict[str, object], transport: str) -> None:
+    """Raise :class:`LayoutError` if ``op`` on ``dtype`` is unsupported (by denseccl or the
+    transport)."""
+    if dtype.name not in transport_dtypes:
+        supported = ", ".join(sorted(transport_dtypes))
+        raise LayoutError(f"dtype {dtype.name} is not supported by the {transport} transport (supported: {supported})")
+    kind = op_kind(op)
+    if kind not in KIND_OPS[dtype.kind]:
+        allowed = ", ".join(sorted(str(o) for o in KIND_OPS[dtype.kind] if o is not ReduceOp.PREMUL_SUM))
+        raise LayoutError(f"op {op} is not defined for dtype {dtype.name} (allowed: {allowed})")
+    if isinstance(op, PreMulSum) and dtype.kind in "iu" and float(op.factor) != int(op.factor):
+        raise LayoutError(
+            f"PreMulSum factor {op.factor!r} is not an integer, so it cannot scale {dtype.name} "
+            "inputs; use a float dtype or an integer factor"
+        )
+
+
+def dtype_named(name: str) -> DType:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise LayoutError(f"dtype {name} is not supported (supported: {', '.join(DTYPES)})") from None

@@ -1,0 +1,123 @@
+"""What every transport and control channel offers.
+
+A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
+nothing about layouts: pointers are the starts of storage spans, counts are element counts
+(per rank for allgather and reduce-scatter). ``send == recv`` means in place.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from ..errors import CollectiveTimeoutError
+from ..ops import DType, Op
+
+
+class Pending(ABC):
+    """A started operation."""
+
+    @abstractmethod
+    def test(self) -> bool:
+        """True once the operation has completed (never blocks)."""
+
+    @abstractmethod
+    def wait(self, deadline: Optional[float]) -> None:
+        """Block until completion; :class:`CollectiveTimeoutError` past ``deadline``
+        (a ``time.monotonic()`` value; ``None`` waits forever)."""
+
+
+class Done(Pending):
+    """An operation that had nothing to move."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self, deadline: Optional[float]) -> None:
+        return None
+
+
+DONE = Done()
+
+
+def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str) -> None:
+    """Poll ``test`` until it is true: spin first (latency), then yield the core (ranks may
+    outnumber cores), then sleep briefly (a long wait for a slow peer should not burn a core).
+    Raise :class:`CollectiveTimeoutError` once ``deadline`` has passed."""
+    for _ in range(64):
+        if test():
+            return
+    started = time.monotonic()
+    polls = 0
+    while not test():
+        polls += 1
+        if polls & 31:
+            os.sched_yield()
+            continue
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            raise CollectiveTimeoutError(
+                f"{what} did not complete within the timeout: a peer never joined (it may have crashed, "
+                "be stuck, or have called a different sequence of collectives). The communicator is now "
+                "broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers "
+                "are just slow"
+            )
+        if now - started > 0.05:
+            time.sleep(0.0002)
+
+
+class Transport(ABC):
+    """Collectives on storage spans. Every method starts the operation and returns a
+    :class:`Pending`; ``stream`` is meaningful only to device transports."""
+
+    name: str
+    rank: int
+    size: int
+    #: dtype name -> the library's own type handle, for every dtype this transport can move.
+    dtypes: Mapping[str, Any]
+    #: True when the transport moves device (CUDA) memory, False for host memory.
+    device_memory: bool
+
+    @abstractmethod
+    def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending: ...
+
+    @abstractmethod
+    def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
+        """``recv`` matters on ``root`` only."""
+
+    @abstractmethod
+    def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending: ...
+
+    @abstractmethod
+    def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
+        """``count`` elements per rank; in place when ``send`` is block ``rank`` of ``recv``."""
+
+    @abstractmethod
+    def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        """``count`` elements per rank: ``send`` holds ``size * count``."""
+
+    @abstractmethod
+    def barrier(self) -> Pending: ...
+
+    def close(self) -> None:
+        """Release the library's communicator (collective where the library says so)."""
+
+
+class ControlChannel(ABC):
+    """A small host channel between the ranks, for agreement: never a device sync."""
+
+    rank: int
+    size: int
+
+    @abstractmethod
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        """Element-wise maximum over ranks of a few signed 64-bit integers."""
+
+    @abstractmethod
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        """Every rank's ``data``, indexed by rank."""
+
+    def close(self) -> None:
+        """Release the channel."""

@@ -1,0 +1,204 @@
+"""MPI transport: mpi4py nonblocking collectives on host storage spans.
+
+Each method maps ``(pointer, count, dtype, op, root)`` to one ``MPI_I*`` call on a flat view
+of the span (mpi4py refuses non-contiguous buffers; a span is contiguous by construction).
+What MPI lacks is supplied around that call: float16/bfloat16 reductions as user ops computed
+in float32, ``avg`` as a sum then a division, ``PreMulSum`` as a scaling of the input first.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
+from . import host_kernels
+from .base import ControlChannel, Pending, Transport, wait_until
+
+_MPI_TYPES: Dict[str, Any] = {
+    "bool": MPI.C_BOOL,
+    "int8": MPI.INT8_T,
+    "uint8": MPI.UINT8_T,
+    "int16": MPI.INT16_T,
+    "uint16": MPI.UINT16_T,
+    "int32": MPI.INT32_T,
+    "uint32": MPI.UINT32_T,
+    "int64": MPI.INT64_T,
+    "uint64": MPI.UINT64_T,
+    "float16": MPI.UINT16_T,  # carried as bits; reduced by our own user ops
+    "bfloat16": MPI.UINT16_T,
+    "float32": MPI.FLOAT,
+    "float64": MPI.DOUBLE,
+    "complex64": MPI.C_FLOAT_COMPLEX,
+    "complex128": MPI.C_DOUBLE_COMPLEX,
+}
+
+_BASE_OPS = {
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.AVG: MPI.SUM,
+    ReduceOp.PREMUL_SUM: MPI.SUM,
+    ReduceOp.PRODUCT: MPI.PROD,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: MPI.MAX,
+}
+_BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
+_HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
+
+
+def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
+    if dtype.kind == "b":
+        return _BOOL_MPI_OPS[BOOL_OPS[kind]]
+    if host_kernels.is_half(dtype):
+        base = ReduceOp.SUM if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else kind
+        op = _HALF_OPS.get((base, dtype.name))
+        if op is None:
+            op = MPI.Op.Create(host_kernels.half_reduction(base, dtype), commute=True)
+            _HALF_OPS[(base, dtype.name)] = op
+        return op
+    return _BASE_OPS[kind]
+
+
+class MPIPending(Pending):
+    """An MPI request, plus what must run on the host once it has completed."""
+
+    __slots__ = ("request", "finish", "keep")
+
+    def __init__(self, request: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None) -> None:
+        self.request = request
+        self.finish = finish
+        self.keep = keep  # temporaries the request reads from
+
+    def test(self) -> bool:
+        if not self.request.Test():
+            return False
+        finish, self.finish, self.keep = self.finish, None, None
+        if finish is not None:
+            finish()
+        return True
+
+    def wait(self, deadline: Optional[float]) -> None:
+        wait_until(self.test, deadline, "MPI collective")
+
+
+class MPITransport(Transport):
+    """Collectives over an mpi4py communicator (which this transport owns)."""
+
+    name = "mpi"
+    device_memory = False
+    dtypes = _MPI_TYPES
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def _message(self, pointer: int, count: int, dtype: DType) -> list:
+        return [MPI.buffer.fromaddress(pointer, count * dtype.itemsize), count, _MPI_TYPES[dtype.name]]
+
+    def _finish_average(self, pointer: int, count: int, dtype: DType) -> Callable[[], None]:
+        size = self.size
+        return lambda: host_kernels.divide(host_kernels.host_view(pointer, count, dtype), size, dtype)
+
+    def _prescale(self, send: int, recv: int, count: int, dtype: DType, op: Op) -> Tuple[Any, Any]:
+        """Apply a PreMulSum factor: into ``recv`` when we may write it (returns IN_PLACE as the
+        new send), else into a temporary (returned to be kept alive)."""
+        factor = op.factor  # type: ignore[union-attr]
+        source = host_kernels.host_view(send, count, dtype)
+        if recv:
+            host_kernels.scale(host_kernels.host_view(recv, count, dtype), source, factor, dtype)
+            return MPI.IN_PLACE, None
+        temporary = host_kernels.scaled_copy(source, factor, dtype)
+        return [temporary, temporary.size, _MPI_TYPES[dtype.name]], temporary
+
+    def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        kind = op_kind(op)
+        receive = self._message(recv, count, dtype)
+        if isinstance(op, PreMulSum):
+            message, _ = self._prescale(send, recv, count, dtype, op)
+        else:
+            message = MPI.IN_PLACE if send == recv else self._message(send, count, dtype)
+        request = self.comm.Iallreduce(message, receive, _mpi_op(kind, dtype))
+        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
+        return MPIPending(request, finish)
+
+    def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
+        kind = op_kind(op)
+        on_root = self.rank == root
+        receive = self._message(recv, count, dtype) if on_root else None
+        keep = None
+        if isinstance(op, PreMulSum):
+            message, keep = self._prescale(send, recv if on_root else 0, count, dtype, op)
+        elif on_root and send == recv:
+            message = MPI.IN_PLACE
+        else:
+            message = self._message(send, count, dtype)
+        request = self.comm.Ireduce(message, receive, _mpi_op(kind, dtype), root)
+        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG and on_root else None
+        return MPIPending(request, finish, keep)
+
+    def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
+        return MPIPending(self.comm.Ibcast(self._message(buffer, count, dtype), root))
+
+    def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
+        in_place = send == recv + self.rank * count * dtype.itemsize
+        message = MPI.IN_PLACE if in_place else self._message(send, count, dtype)
+        receive = self._message(recv, count * self.size, dtype)
+        receive[1] = count  # mpi4py counts the receive side per block
+        return MPIPending(self.comm.Iallgather(message, receive))
+
+    def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        kind = op_kind(op)
+        keep = None
+        if isinstance(op, PreMulSum):
+            message, keep = self._prescale(send, 0, count * self.size, dtype, op)
+        else:
+            message = self._message(send, count * self.size, dtype)
+        message[1] = count  # mpi4py counts the send side per block
+        request = self.comm.Ireduce_scatter_block(message, self._message(recv, count, dtype), _mpi_op(kind, dtype))
+        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
+        return MPIPending(request, finish, keep)
+
+    def barrier(self) -> Pending:
+        return MPIPending(self.comm.Ibarrier())
+
+    def close(self) -> None:
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+
+class MPIControl(ControlChannel):
+    """Agreement traffic on its own duplicate of the job's communicator."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self._values = np.zeros(4, np.int64)
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        n = len(values)
+        buffer = self._values[:n] if n <= 4 else np.zeros(n, np.int64)
+        buffer[:] = values
+        request = self.comm.Iallreduce(MPI.IN_PLACE, [buffer, n, MPI.INT64_T], MPI.MAX)
+        wait_until(request.Test, deadline, "the agreement step")
+        return buffer.tolist()
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        lengths = np.zeros(self.size, np.int64)
+        lengths[self.rank] = len(data)
+        request = self.comm.Iallgather(MPI.IN_PLACE, [lengths, MPI.INT64_T])
+        wait_until(request.Test, deadline, "the agreement step")
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        gathered = np.zeros(int(lengths.sum()), np.uint8)
+        request = self.comm.Iallgatherv(
+            [np.frombuffer(data, np.uint8), MPI.BYTE], [gathered, (lengths, offsets), MPI.BYTE]
+        )
+        wait_until(request.Test, deadline, "the agreement step")
+        raw = gathered.tobytes()
+        return [raw[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+
+    def close(self) -> None:
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
