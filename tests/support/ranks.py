@@ -1,0 +1,65 @@
+"""Start real ranks with mpiexec in a subprocess, with a hard time limit.
+
+Rank programs are ordinary Python files that exit non-zero (an uncaught exception, e.g. a
+failed assert) when a check fails; ``run_ranks`` turns that into a test failure that shows
+every rank's output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mpiexec() -> str:
+    """The mpiexec beside the running interpreter (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("mpiexec")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpiexec: install the mpi extra (pip install 'denseccl[mpi]') or run launch/setup")
+    return found
+
+
+def run_ranks(
+    nranks: int,
+    script: os.PathLike | str,
+    args: Sequence[str] = (),
+    *,
+    timeout: float = 120.0,
+    env: Optional[Dict[str, str]] = None,
+    expect_failure: bool = False,
+) -> subprocess.CompletedProcess:
+    """Run ``python script *args`` on ``nranks`` ranks; assert it succeeded (or failed, with
+    ``expect_failure``) and return the completed process (stdout and stderr as text)."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
+    environment.setdefault("DENSECCL_TIMEOUT", "60")
+    environment.update(env or {})
+    command = [mpiexec(), "-n", str(nranks), sys.executable, str(script), *map(str, args)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(
+            f"{' '.join(command)} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        ) from None
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    failed = process.returncode != 0
+    if failed != expect_failure:
+        raise AssertionError(
+            f"{' '.join(command)} exited with {process.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        )
+    return result
