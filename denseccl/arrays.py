@@ -187,6 +187,8 @@ def _cuda_device_of_pointer(pointer: int) -> int:
 def allocate(like: Buffer, layout: Layout) -> Any:
     """A new, uninitialised array with ``layout`` of the same kind and device as ``like``."""
     lo, numel = layout.span
+    if not numel:
+        lo = 0  # an empty array addresses nothing: a negative lo would point before its buffer
     if like.library == "torch":
         torch = sys.modules["torch"]
         device = "cpu" if like.device == HOST else f"cuda:{like.device}"
