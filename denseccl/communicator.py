@@ -118,6 +118,7 @@ class Communicator:
         try:
             root = self._root(root)
             buffer = self._input(x, writable=self.rank != root)
+            self._check_dtype(buffer)
             descriptor = Descriptor("broadcast", root, None, buffer.layout.key)
         except Exception as error:  # noqa: BLE001
             self._fail("broadcast", error)
@@ -132,6 +133,7 @@ class Communicator:
         self._usable()
         try:
             source = self._input(x, writable=False)
+            self._check_dtype(source)
             block = source.layout
             target = None
             if out is not None:
@@ -278,6 +280,12 @@ class Communicator:
             where = "device (CUDA)" if on_device else "host"
             wanted = "device arrays: use denseccl.init(backend='nccl')" if on_device else "host arrays: use denseccl.init(backend='mpi')"
             raise LayoutError(f"{name} is a {where} array, but the {self.backend} transport moves {'device' if self.transport.device_memory else 'host'} memory only; for {wanted}")
+
+    def _check_dtype(self, buffer: Buffer) -> None:
+        """For collectives without an op: the transport must be able to move the dtype."""
+        if buffer.layout.dtype not in self.transport.dtypes:
+            supported = ", ".join(sorted(self.transport.dtypes))
+            raise LayoutError(f"dtype {buffer.layout.dtype} is not supported by the {self.backend} transport (supported: {supported})")
 
     def _check_op(self, op: Op, buffer: Buffer) -> None:
         check_op_for_dtype(op, DTYPES[buffer.layout.dtype], self.transport.dtypes, self.backend)

@@ -149,6 +149,8 @@ def element_strides(array: Any) -> Tuple[int, ...]:
 def raw_bytes(array: Any) -> bytes:
     """The bytes of an array's whole storage (for 'untouched' checks, padding included)."""
     if isinstance(array, np.ndarray):
+        if array.dtype.hasobject:
+            return repr(array.tolist()).encode()
         base = array
         while isinstance(base.base, np.ndarray):
             base = base.base
