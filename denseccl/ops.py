@@ -137,11 +137,19 @@ def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Dict[str, object]
     if kind not in KIND_OPS[dtype.kind]:
         allowed = ", ".join(sorted(str(o) for o in KIND_OPS[dtype.kind] if o is not ReduceOp.PREMUL_SUM))
         raise LayoutError(f"op {op} is not defined for dtype {dtype.name} (allowed: {allowed})")
-    if isinstance(op, PreMulSum) and dtype.kind in "iu" and float(op.factor) != int(op.factor):
+    if isinstance(op, PreMulSum) and dtype.kind in "iu" and op.factor != int(op.factor):
         raise LayoutError(
             f"PreMulSum factor {op.factor!r} is not an integer, so it cannot scale {dtype.name} "
             "inputs; use a float dtype or an integer factor"
         )
+    if isinstance(op, PreMulSum) and dtype.kind in "iu":
+        bits = 8 * dtype.itemsize
+        low, high = (0, 2**bits - 1) if dtype.kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        if not low <= int(op.factor) <= high:
+            raise LayoutError(
+                f"PreMulSum factor {op.factor!r} does not fit {dtype.name} ({low} to {high}); "
+                "use a factor in that range or a float dtype"
+            )
 
 
 def dtype_named(name: str) -> DType:

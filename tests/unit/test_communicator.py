@@ -155,6 +155,8 @@ def _cases():
         ("max-complex-reduce", [np.zeros(3, np.complex128)], lambda c, a: c.reduce(a, 0, "max"), ["op max", "complex128"]),
         ("avg-bool", [np.zeros(3, bool)], lambda c, a: c.allreduce(a, "avg"), ["op avg is not defined for dtype bool"]),
         ("premul-int", [np.zeros(3, np.int32)], lambda c, a: c.allreduce(a, denseccl.PreMulSum(0.5)), ["PreMulSum factor 0.5", "int32"]),
+        ("premul-uint-negative", [np.arange(3, dtype=np.uint8)], lambda c, a: c.allreduce(a, denseccl.PreMulSum(-1)), ["PreMulSum factor -1 does not fit uint8"]),
+        ("premul-int8-too-big", [np.arange(3, dtype=np.int8)], lambda c, a: c.reduce(a, 0, denseccl.PreMulSum(300)), ["does not fit int8"]),
         ("not-an-array", [[1.0, 2.0]], lambda c, a: c.allreduce(a), ["expected an array", "list"]),
         ("not-an-array-broadcast", [None], lambda c, a: c.broadcast(a), ["expected an array"]),
         ("root-high", [_f32((2,))], lambda c, a: c.reduce(a, 1), ["root 1 is not a rank", "0 <= root < 1"]),

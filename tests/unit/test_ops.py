@@ -125,6 +125,18 @@ def test_integer_premulsum_needs_integer_factor():
     check_op_for_dtype(PreMulSum(0.5), DTYPES["float16"], MPI_DTYPES, "mpi")
 
 
+@pytest.mark.parametrize(
+    "name, fits, too_big",
+    [("uint8", [0, 255], [-1, 256]), ("int8", [-128, 127], [-129, 128]), ("uint64", [2**64 - 1], [-1, 2.0**64]), ("int64", [-(2**63)], [1e19])],
+)
+def test_integer_premulsum_factor_must_fit_the_dtype(name, fits, too_big):
+    for factor in fits:
+        check_op_for_dtype(PreMulSum(factor), DTYPES[name], MPI_DTYPES, "mpi")
+    for factor in too_big:
+        with pytest.raises(denseccl.LayoutError, match=f"does not fit {name}"):
+            check_op_for_dtype(PreMulSum(factor), DTYPES[name], MPI_DTYPES, "mpi")
+
+
 def test_bool_ops_are_logical():
     assert BOOL_OPS == {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.MIN, ReduceOp.MIN: ReduceOp.MIN, ReduceOp.MAX: ReduceOp.MAX}
 
