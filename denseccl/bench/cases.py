@@ -1,0 +1,155 @@
+"""Benchmark cases: the four layouts, deterministic per-rank inputs, and the reference result
+built from every rank's inputs (nccl-tests' ``-c 1`` check, counted in ``#wrong``).
+
+Inputs are small integers (sums and products stay exact in every dtype, bfloat16 included), so
+a result is right only if every element met its own counterparts on the other ranks: any
+layout mix-up shows up as wrong elements.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+#: layout name -> (physical order of the logical dims N, C, H, W, outermost first; mirrored dims)
+LAYOUT_SPECS: Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]] = {
+    "contiguous": ((0, 1, 2, 3), ()),
+    "channels_last": ((0, 2, 3, 1), ()),
+    "transposed": ((3, 2, 1, 0), ()),
+    "reversed": ((0, 1, 2, 3), (0, 1, 2, 3)),
+}
+
+#: relative tolerance of a float result (results are exact except avg's division)
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-12}
+
+
+def logical_shape(count: int) -> Tuple[int, int, int, int]:
+    """An NCHW shape holding ``count`` elements, with channels and a spatial extent where
+    ``count`` allows (powers of two give e.g. (16, 256, 64, 64) for 16 Mi elements)."""
+    if count <= 0:
+        return (0, 1, 1, 1)
+    c = gcd(count, 256)
+    rest = count // c
+    h = gcd(rest, 64)
+    rest //= h
+    w = gcd(rest, 64)
+    return (rest // w, c, h, w)
+
+
+def build(lib: Any, shape: Tuple[int, ...], dtype: str, layout: str, stacked: int = 0) -> Any:
+    """An uninitialised array of logical ``shape`` with ``layout``; with ``stacked = n`` a
+    stacked buffer ``(n, *shape)`` whose blocks have that layout (dim 0 outermost)."""
+    order, mirrored = LAYOUT_SPECS[layout]
+    if stacked:
+        order = (0, *(d + 1 for d in order))
+        mirrored = tuple(d + 1 for d in mirrored)
+        shape = (stacked, *shape)
+    physical = lib.empty([shape[d] for d in order], dtype)
+    logical = lib.permute(physical, tuple(int(i) for i in np.argsort(order)))
+    return lib.mirror(logical, mirrored)
+
+
+class Case(NamedTuple):
+    """One table row's problem: collective, element type, op, root, count (as nccl-tests
+    counts it), layout, and the job's shape."""
+
+    collective: str
+    dtype: str
+    op: Optional[str]
+    root: int
+    count: int
+    layout: str
+    nranks: int
+    rank: int
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]:
+        """Logical shape of the per-rank array (of one block for allgather/reduce_scatter)."""
+        return logical_shape(self.count)
+
+
+def _signed(dtype: str) -> bool:
+    return not dtype.startswith("uint")
+
+
+def input_values(case: Case, rank: int, block: Optional[int] = None) -> np.ndarray:
+    """Rank ``rank``'s input, flat in logical order; ``block`` selects one block of a
+    reduce-scatter input. float64 for float types, int64 otherwise."""
+    i = np.arange(case.count, dtype=np.int64)
+    salt = rank * 5 + (0 if block is None else block * 3)
+    if case.op == "prod":
+        values = np.where((i + salt) % 7 == 0, 2, 1)
+        if _signed(case.dtype):
+            values = np.where((i + salt) % 3 == 0, -values, values)
+    else:
+        values = (i * 7 + salt) % 11
+        if _signed(case.dtype):
+            values -= 5
+    return values.astype(np.float64) if case.dtype.startswith(("float", "bfloat")) else values
+
+
+def _storage(dtype: str) -> Any:
+    return np.float64 if dtype.startswith(("float", "bfloat")) else np.dtype(dtype)
+
+
+def _reduce(case: Case, block: Optional[int]) -> np.ndarray:
+    """The reduction over ranks, in the dtype's integer arithmetic or exactly in float64."""
+    dtype = _storage(case.dtype)
+    result = input_values(case, 0, block).astype(dtype)
+    for rank in range(1, case.nranks):
+        values = input_values(case, rank, block).astype(dtype)
+        if case.op in ("sum", "avg"):
+            np.add(result, values, out=result, casting="unsafe")
+        elif case.op == "prod":
+            np.multiply(result, values, out=result, casting="unsafe")
+        elif case.op == "min":
+            np.minimum(result, values, out=result)
+        elif case.op == "max":
+            np.maximum(result, values, out=result)
+        else:
+            raise ValueError(f"unknown op {case.op!r}")
+    if case.op == "avg":
+        if dtype == np.float64:
+            result = result / case.nranks
+        else:
+            result = np.trunc(result.astype(np.float64) / case.nranks).astype(dtype)
+    return result
+
+
+def expected(case: Case) -> np.ndarray:
+    """What this rank must hold after the collective, flat in logical order (the whole
+    stacked buffer for allgather)."""
+    c = case.collective
+    if c == "allreduce":
+        return _reduce(case, None)
+    if c == "reduce":
+        return _reduce(case, None) if case.rank == case.root else input_values(case, case.rank)
+    if c == "broadcast":
+        return input_values(case, case.root)
+    if c == "allgather":
+        return np.concatenate([input_values(case, r) for r in range(case.nranks)])
+    if c == "reduce_scatter":
+        return _reduce(case, case.rank)
+    raise ValueError(f"unknown collective {c!r}")
+
+
+def source_values(case: Case) -> np.ndarray:
+    """This rank's input, flat in logical order (the whole stacked input for reduce-scatter)."""
+    if case.collective == "reduce_scatter":
+        return np.concatenate([input_values(case, case.rank, b) for b in range(case.nranks)])
+    return input_values(case, case.rank)
+
+
+def count_wrong(case: Case, got: np.ndarray, want: np.ndarray) -> int:
+    """Elements of ``got`` (any shape, logical order) that differ from ``want``."""
+    got = np.asarray(got).reshape(-1)
+    if got.size != want.size:
+        return int(want.size)
+    tolerance = TOLERANCE.get(case.dtype)
+    if tolerance is None:
+        return int(np.count_nonzero(got.astype(want.dtype) != want))
+    got = got.astype(np.float64)
+    close = np.abs(got - want) <= tolerance * np.maximum(np.abs(want), 1.0)
+    return int(close.size - np.count_nonzero(close))

@@ -1,0 +1,343 @@
+"""The contenders measured side by side on the host (``--backend mpi``).
+
+* ``denseccl`` / ``denseccl-nocheck``: denseccl on the array as it is (any layout), with the
+  cross-rank agreement check on / off.
+* ``mpi4py``: raw mpi4py on a contiguous array of the same size (the floor; contiguous rows only).
+* ``naive``: what one does without denseccl for a non-contiguous array: copy it to a contiguous
+  one, call mpi4py, copy the result back (non-contiguous rows only).
+* ``gloo``: torch.distributed's gloo on torch tensors with the same layout.
+* ``denseccl-torch``: torch.distributed with denseccl's backend (``import denseccl.torch``).
+
+A contender prepares a :class:`Run` per case: its buffers and one ``step`` = one collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+
+from . import cases
+from .cases import Case
+from .job import Job
+from .libs import NumpyLib, TorchLib, Unsupported
+
+
+class Run:
+    """One contender's buffers for one case."""
+
+    def __init__(self, lib: Any, step: Callable[[], Any], inputs: Sequence[Any], output: Any, keep_non_root: bool = True) -> None:
+        self.lib = lib
+        self.step = step
+        self.inputs = list(inputs)
+        self.output = output
+        #: whether a non-root rank's input must be unchanged after reduce (checked if so)
+        self.keep_non_root = keep_non_root
+
+    def load(self, values: Optional[np.ndarray]) -> None:
+        """Fill the input with ``values`` (logical order), or zeros for timing."""
+        for array in self.inputs:
+            if values is None:
+                self.lib.fill_zero(array)
+            else:
+                self.lib.assign(array, values)
+
+    def result(self) -> np.ndarray:
+        return self.lib.to_numpy(self.output)
+
+    def sync(self) -> None:
+        self.lib.synchronize()
+
+
+class Contender:
+    name = "?"
+    #: rows of the denseccl family decide the benchmark's exit status
+    denseccl = False
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def skip(self, case: Case) -> Optional[str]:
+        """Why this contender has no row for ``case`` (None: it has one)."""
+        return None
+
+    def prepare(self, case: Case) -> Run:
+        raise NotImplementedError
+
+
+def _host_lib(dtype: str) -> Any:
+    if dtype == "bfloat16":
+        try:
+            NumpyLib().dtype(dtype)
+        except Unsupported:
+            return TorchLib("cpu")
+    return NumpyLib()
+
+
+class Denseccl(Contender):
+    denseccl = True
+
+    def __init__(self, job: Job, check: bool) -> None:
+        super().__init__(job)
+        self.check = check
+        self.name = "denseccl" if check else "denseccl-nocheck"
+
+    def lib(self, dtype: str) -> Any:
+        return _host_lib(dtype)
+
+    def prepare(self, case: Case) -> Run:
+        comm = self.job.denseccl(self.check)
+        lib = self.lib(case.dtype)
+        c, shape, n, op, root = case.collective, case.shape, case.nranks, case.op, case.root
+        if c == "allgather":
+            x = cases.build(lib, shape, case.dtype, case.layout)
+            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            return Run(lib, lambda: comm.allgather(x, out=out), [x], out)
+        if c == "reduce_scatter":
+            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            out = cases.build(lib, shape, case.dtype, case.layout)
+            return Run(lib, lambda: comm.reduce_scatter(x, op, out=out), [x], out)
+        x = cases.build(lib, shape, case.dtype, case.layout)
+        if c == "allreduce":
+            step = lambda: comm.allreduce(x, op)  # noqa: E731
+        elif c == "reduce":
+            step = lambda: comm.reduce(x, root, op)  # noqa: E731
+        else:
+            step = lambda: comm.broadcast(x, root)  # noqa: E731
+        return Run(lib, step, [x], x)
+
+
+def _mpi_op(MPI: Any, op: Optional[str]) -> Any:
+    return {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, None: None}[op]
+
+
+def _finish_avg(array: np.ndarray, nranks: int) -> None:
+    """What a user of raw MPI does for avg: sum, then divide (integers truncate)."""
+    if array.dtype.kind == "f":
+        array /= nranks
+    else:
+        array[...] = np.trunc(array / nranks)
+
+
+class RawMPI(Contender):
+    """mpi4py on contiguous NumPy arrays (MPICH reduces float16 natively; no bfloat16)."""
+
+    name = "mpi4py"
+
+    def skip(self, case: Case) -> Optional[str]:
+        if case.layout != "contiguous":
+            return "raw mpi4py runs on contiguous arrays only (see the contiguous rows)"
+        if case.dtype == "bfloat16":
+            return "MPI has no bfloat16"
+        return None
+
+    def prepare(self, case: Case) -> Run:
+        lib = NumpyLib()
+        return Run(lib, *_mpi_steps(self.job, case, lib, naive=False))
+
+
+class Naive(Contender):
+    """Copy to contiguous, mpi4py, copy back: the path denseccl replaces."""
+
+    name = "naive"
+
+    def skip(self, case: Case) -> Optional[str]:
+        if case.layout == "contiguous":
+            return "the naive copy path equals raw mpi4py on contiguous arrays"
+        if case.dtype == "bfloat16":
+            return "MPI has no bfloat16"
+        return None
+
+    def prepare(self, case: Case) -> Run:
+        lib = NumpyLib()
+        return Run(lib, *_mpi_steps(self.job, case, lib, naive=True))
+
+
+def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool):  # type: ignore[no-untyped-def]
+    """``(step, inputs, output)`` for raw mpi4py; with ``naive`` the arrays have the case's
+    layout and every call copies to contiguous and back, allocating as a user would."""
+    MPI, world = job.MPI, job.world
+    c, shape, n, root = case.collective, case.shape, case.nranks, case.root
+    layout = case.layout if naive else "contiguous"
+    op = _mpi_op(MPI, case.op)
+    avg = case.op == "avg"
+    IN_PLACE = MPI.IN_PLACE
+    on_root = job.rank == root
+    contiguous = np.ascontiguousarray
+
+    if c == "allgather":
+        x = cases.build(lib, shape, case.dtype, layout)
+        out = cases.build(lib, shape, case.dtype, layout, stacked=n)
+
+        def allgather() -> None:
+            if naive:
+                gathered = np.empty(out.shape, out.dtype)
+                world.Allgather(contiguous(x), gathered)
+                out[...] = gathered
+            else:
+                world.Allgather(x, out)
+
+        return allgather, [x], out
+    if c == "reduce_scatter":
+        x = cases.build(lib, shape, case.dtype, layout, stacked=n)
+        out = cases.build(lib, shape, case.dtype, layout)
+
+        def reduce_scatter() -> None:
+            if naive:
+                block = np.empty(out.shape, out.dtype)
+                world.Reduce_scatter_block(contiguous(x), block, op)
+                out[...] = block
+                target = out
+            else:
+                world.Reduce_scatter_block(x, out, op)
+                target = out
+            if avg:
+                _finish_avg(target, n)
+
+        return reduce_scatter, [x], out
+    x = cases.build(lib, shape, case.dtype, layout)
+    if c == "allreduce":
+
+        def allreduce() -> None:
+            buffer = contiguous(x) if naive else x
+            world.Allreduce(IN_PLACE, buffer, op)
+            if avg:
+                _finish_avg(buffer, n)
+            if naive:
+                x[...] = buffer
+
+        return allreduce, [x], x
+    if c == "reduce":
+
+        def reduce() -> None:
+            buffer = contiguous(x) if naive else x
+            if on_root:
+                world.Reduce(IN_PLACE, buffer, op, root)
+                if avg:
+                    _finish_avg(buffer, n)
+                if naive:
+                    x[...] = buffer
+            else:
+                world.Reduce(buffer, None, op, root)
+
+        return reduce, [x], x
+
+    def broadcast() -> None:
+        buffer = contiguous(x) if naive else x
+        world.Bcast(buffer, root)
+        if naive and not on_root:
+            x[...] = buffer
+
+    return broadcast, [x], x
+
+
+class TorchDistributed(Contender):
+    """torch.distributed collectives on torch tensors of the case's layout."""
+
+    def __init__(self, job: Job, backend: str, device: str = "cpu") -> None:
+        super().__init__(job)
+        self.backend = backend
+        self.device = device
+        self.name = {"gloo": "gloo", "nccl": "torch-nccl", "denseccl": "denseccl-torch"}[backend]
+        self.denseccl = backend == "denseccl"
+
+    def skip(self, case: Case) -> Optional[str]:
+        if case.layout == "reversed":
+            return "torch tensors cannot have negative strides"
+        return None
+
+    def prepare(self, case: Case) -> Run:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        group = self.job.torch_group(self.backend)
+        lib = TorchLib(self.device if self.device == "cpu" else f"cuda:{self.job.local_rank % _cuda_count()}")
+        c, shape, n, root = case.collective, case.shape, case.nranks, case.root
+        ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+               "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+        op = ops.get(case.op)  # type: ignore[arg-type]
+        if c == "allgather":
+            x = cases.build(lib, shape, case.dtype, case.layout)
+            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            flat = _merge_dim0(out)
+            if flat is not None:
+                return Run(lib, lambda: dist.all_gather_into_tensor(flat, x, group=group), [x], out)
+            blocks = list(out.unbind(0))
+            return Run(lib, lambda: dist.all_gather(blocks, x, group=group), [x], out)
+        if c == "reduce_scatter":
+            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            out = cases.build(lib, shape, case.dtype, case.layout)
+            flat = _merge_dim0(x)
+            if flat is not None:
+                return Run(lib, lambda: dist.reduce_scatter_tensor(out, flat, op=op, group=group), [x], out)
+            blocks = list(x.unbind(0))
+            return Run(lib, lambda: dist.reduce_scatter(out, blocks, op=op, group=group), [x], out)
+        x = cases.build(lib, shape, case.dtype, case.layout)
+        if c == "allreduce":
+            step = lambda: dist.all_reduce(x, op=op, group=group)  # noqa: E731
+        elif c == "reduce":
+            step = lambda: dist.reduce(x, dst=root, op=op, group=group)  # noqa: E731
+        else:
+            step = lambda: dist.broadcast(x, src=root, group=group)  # noqa: E731
+        return Run(lib, step, [x], x, keep_non_root=self.denseccl)
+
+
+def _merge_dim0(stacked: Any) -> Any:
+    """The stacked buffer ``(n, N, ...)`` as the dim-0 concatenation ``(n*N, ...)`` torch's
+    ``*_tensor`` collectives want, when that is a view (N outermost in a block); else None."""
+    shape = tuple(stacked.shape)
+    try:
+        return stacked.view(shape[0] * shape[1], *shape[2:])
+    except RuntimeError:
+        return None
+
+
+def _cuda_count() -> int:
+    import torch  # noqa: PLC0415
+
+    return max(torch.cuda.device_count(), 1)
+
+
+def torch_available() -> bool:
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+    except ImportError:
+        return False
+    return dist.is_available()
+
+
+def denseccl_torch_available() -> Optional[str]:
+    """None when ``denseccl.torch`` imports, else why not."""
+    try:
+        import denseccl.torch  # noqa: F401, PLC0415
+    except Exception as error:  # noqa: BLE001 - any failure means: no such contender
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+HOST_CONTENDERS = ("denseccl", "mpi4py", "naive", "gloo", "denseccl-torch")
+
+
+def host_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str]) -> List[Contender]:
+    """The requested host contenders that can run here (and a note for each that cannot)."""
+    found: List[Contender] = []
+    for name in names:
+        if name == "denseccl":
+            found.extend(Denseccl(job, check) for check in checks)
+        elif name == "mpi4py":
+            found.append(RawMPI(job))
+        elif name == "naive":
+            found.append(Naive(job))
+        elif name == "gloo":
+            if torch_available():
+                found.append(TorchDistributed(job, "gloo"))
+            else:
+                notes.append("gloo: torch is not installed")
+        elif name == "denseccl-torch":
+            reason = denseccl_torch_available() if torch_available() else "torch is not installed"
+            if reason is None:
+                found.append(TorchDistributed(job, "denseccl"))
+            else:
+                notes.append(f"denseccl-torch: not available ({reason})")
+        else:
+            raise ValueError(f"unknown host contender {name!r}; use {', '.join(HOST_CONTENDERS)}")
+    return found

@@ -1,0 +1,217 @@
+"""The contenders of a GPU run (``--backend nccl``), on CuPy arrays and CUDA torch tensors.
+
+* ``denseccl`` / ``denseccl-nocheck``: denseccl's NCCL backend on the array as it is.
+* ``nccl``: raw ``cupy.cuda.nccl`` on contiguous arrays (contiguous rows only).
+* ``naive``: ``cupy.ascontiguousarray``, raw NCCL, copy back (non-contiguous rows only).
+* ``torch-nccl``: torch.distributed's NCCL group on CUDA tensors of the same layout.
+* ``cupyx``: ``cupyx.distributed`` (it accepts C- or F-contiguous arrays only).
+
+Each rank uses GPU ``local_rank % device_count``. Every ``Run.sync`` synchronises the device
+(CuPy's current stream, or torch.cuda), so a timed loop ends only when the GPU has finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+from . import cases
+from .cases import Case
+from .contenders import Contender, Denseccl, Run, TorchDistributed, denseccl_torch_available, torch_available
+from .job import Job
+from .libs import CupyLib, TorchLib, Unsupported
+
+_NCCL_TYPES = {
+    "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
+    "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
+    "float64": "NCCL_FLOAT64", "bfloat16": "NCCL_BFLOAT16",
+}
+_NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX", "avg": "NCCL_AVG"}
+
+
+def use_device(job: Job) -> None:
+    """Bind this rank to its GPU (before any allocation)."""
+    import cupy  # noqa: PLC0415
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(job.local_rank % max(count, 1)).use()
+    try:
+        import torch  # noqa: PLC0415
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(job.local_rank % max(torch.cuda.device_count(), 1))
+    except ImportError:
+        pass
+
+
+class DenseccDevice(Denseccl):
+    """denseccl with the NCCL backend; CuPy arrays (torch CUDA tensors for bfloat16)."""
+
+    def lib(self, dtype: str) -> Any:
+        if dtype == "bfloat16":
+            return TorchLib(f"cuda:{_torch_device()}")
+        return CupyLib()
+
+
+def _torch_device() -> int:
+    import cupy  # noqa: PLC0415
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def _constant(module: Any, table: dict, key: Optional[str], what: str) -> Any:
+    name = table.get(key)  # type: ignore[arg-type]
+    value = getattr(module, name, None) if name else None
+    if value is None:
+        raise Unsupported(f"this NCCL build has no {what} {key}")
+    return value
+
+
+class RawNccl(Contender):
+    """cupy.cuda.nccl on contiguous CuPy arrays; with ``naive`` the arrays have the case's layout
+    and each call copies to contiguous and back."""
+
+    def __init__(self, job: Job, naive: bool) -> None:
+        super().__init__(job)
+        self.naive = naive
+        self.name = "naive" if naive else "nccl"
+
+    def skip(self, case: Case) -> Optional[str]:
+        if self.naive and case.layout == "contiguous":
+            return "the naive copy path equals raw NCCL on contiguous arrays"
+        if not self.naive and case.layout != "contiguous":
+            return "raw NCCL runs on contiguous arrays only (see the contiguous rows)"
+        if case.dtype == "bfloat16":
+            return "CuPy has no bfloat16"
+        return None
+
+    def prepare(self, case: Case) -> Run:
+        import cupy  # noqa: PLC0415
+        from cupy.cuda import nccl  # noqa: PLC0415
+
+        comm = self.job.nccl()
+        lib = CupyLib()
+        dtype = _constant(nccl, _NCCL_TYPES, case.dtype, "type")
+        op = _constant(nccl, _NCCL_OPS, case.op, "op") if case.op else None
+        c, shape, n, root, count = case.collective, case.shape, case.nranks, case.root, case.count
+        layout = case.layout if self.naive else "contiguous"
+        naive = self.naive
+        on_root = self.job.rank == root
+        contiguous = cupy.ascontiguousarray
+
+        def stream() -> int:
+            return cupy.cuda.get_current_stream().ptr
+
+        if c == "allgather":
+            x = cases.build(lib, shape, case.dtype, layout)
+            out = cases.build(lib, shape, case.dtype, layout, stacked=n)
+
+            def allgather() -> None:
+                if naive:
+                    gathered = cupy.empty(out.shape, out.dtype)
+                    source = contiguous(x)
+                    comm.allGather(source.data.ptr, gathered.data.ptr, count, dtype, stream())
+                    out[...] = gathered
+                else:
+                    comm.allGather(x.data.ptr, out.data.ptr, count, dtype, stream())
+
+            return Run(lib, allgather, [x], out)
+        if c == "reduce_scatter":
+            x = cases.build(lib, shape, case.dtype, layout, stacked=n)
+            out = cases.build(lib, shape, case.dtype, layout)
+
+            def reduce_scatter() -> None:
+                if naive:
+                    block = cupy.empty(out.shape, out.dtype)
+                    source = contiguous(x)
+                    comm.reduceScatter(source.data.ptr, block.data.ptr, count, dtype, op, stream())
+                    out[...] = block
+                else:
+                    comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, op, stream())
+
+            return Run(lib, reduce_scatter, [x], out)
+        x = cases.build(lib, shape, case.dtype, layout)
+
+        def elementwise() -> None:
+            buffer = contiguous(x) if naive else x
+            pointer = buffer.data.ptr
+            if c == "allreduce":
+                comm.allReduce(pointer, pointer, count, dtype, op, stream())
+            elif c == "reduce":
+                comm.reduce(pointer, pointer, count, dtype, op, root, stream())
+            else:
+                comm.bcast(pointer, count, dtype, root, stream())
+            if naive and (c == "allreduce" or (c == "reduce" and on_root) or (c == "broadcast" and not on_root)):
+                x[...] = buffer
+
+        return Run(lib, elementwise, [x], x, keep_non_root=False)
+
+
+class Cupyx(Contender):
+    """cupyx.distributed's NCCL backend (no avg op; C- or F-contiguous arrays only)."""
+
+    name = "cupyx"
+
+    def skip(self, case: Case) -> Optional[str]:
+        if case.op == "avg":
+            return "cupyx.distributed has no avg"
+        if case.layout in ("channels_last", "reversed"):
+            return "cupyx.distributed accepts C- or F-contiguous arrays only"
+        if case.dtype == "bfloat16":
+            return "CuPy has no bfloat16"
+        return None
+
+    def prepare(self, case: Case) -> Run:
+        comm = self.job.cupyx()
+        lib = CupyLib()
+        c, shape, n, root, op, count = case.collective, case.shape, case.nranks, case.root, case.op, case.count
+        if c == "allgather":
+            x = cases.build(lib, shape, case.dtype, case.layout)
+            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            return Run(lib, lambda: comm.all_gather(x, out, count), [x], out)
+        if c == "reduce_scatter":
+            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            out = cases.build(lib, shape, case.dtype, case.layout)
+            return Run(lib, lambda: comm.reduce_scatter(x, out, count, op), [x], out)
+        x = cases.build(lib, shape, case.dtype, case.layout)
+        if c == "allreduce":
+            step = lambda: comm.all_reduce(x, x, op)  # noqa: E731
+        elif c == "reduce":
+            step = lambda: comm.reduce(x, x, root, op)  # noqa: E731
+        else:
+            step = lambda: comm.broadcast(x, root)  # noqa: E731
+        return Run(lib, step, [x], x, keep_non_root=False)
+
+
+DEVICE_CONTENDERS = ("denseccl", "nccl", "naive", "torch-nccl", "cupyx", "denseccl-torch")
+
+
+def device_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str]) -> List[Contender]:
+    """The requested GPU contenders that can run here (and a note for each that cannot)."""
+    use_device(job)
+    found: List[Contender] = []
+    for name in names:
+        if name == "denseccl":
+            found.extend(DenseccDevice(job, check) for check in checks)
+        elif name in ("nccl", "naive"):
+            found.append(RawNccl(job, naive=name == "naive"))
+        elif name == "torch-nccl":
+            if torch_available():
+                found.append(TorchDistributed(job, "nccl", device="cuda"))
+            else:
+                notes.append("torch-nccl: torch is not installed")
+        elif name == "denseccl-torch":
+            reason = denseccl_torch_available() if torch_available() else "torch is not installed"
+            if reason is None:
+                found.append(TorchDistributed(job, "denseccl", device="cuda"))
+            else:
+                notes.append(f"denseccl-torch: not available ({reason})")
+        elif name == "cupyx":
+            try:
+                import cupyx.distributed  # noqa: F401, PLC0415
+            except Exception as error:  # noqa: BLE001
+                notes.append(f"cupyx: not available ({error})")
+                continue
+            found.append(Cupyx(job))
+        else:
+            raise ValueError(f"unknown GPU contender {name!r}; use {', '.join(DEVICE_CONTENDERS)}")
+    return found

@@ -1,0 +1,110 @@
+"""What every contender of one benchmark run shares: the MPI job, and lazily created
+communicators (denseccl, torch.distributed groups, raw NCCL) that all ranks create together."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any, Dict, Optional
+
+
+class Job:
+    """The ranks of this run. Every lazily created communicator is created in the same order
+    on every rank (contenders are set up in one fixed order), as collectives require."""
+
+    def __init__(self, backend: str) -> None:
+        from mpi4py import MPI  # noqa: PLC0415 - the bench always runs under mpiexec
+
+        self.MPI = MPI
+        self.world = MPI.COMM_WORLD.Dup()
+        self.rank: int = self.world.Get_rank()
+        self.size: int = self.world.Get_size()
+        self.backend = backend
+        self._denseccl: Dict[bool, Any] = {}
+        self._torch_groups: Dict[str, Any] = {}
+        self._torch_ready = False
+        self.local_rank = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", self.rank)))
+
+    # -- denseccl ------------------------------------------------------------------------------
+
+    def denseccl(self, check: bool) -> Any:
+        comm = self._denseccl.get(check)
+        if comm is None:
+            import denseccl  # noqa: PLC0415
+
+            comm = denseccl.init(self.backend, check="always" if check else "off")
+            self._denseccl[check] = comm
+        return comm
+
+    # -- torch.distributed ---------------------------------------------------------------------
+
+    def torch_group(self, backend: str) -> Any:
+        """A torch.distributed group of all ranks with ``backend`` ("gloo", "nccl",
+        "denseccl"). The default group is gloo, rendezvous on a localhost TCP port that rank 0
+        picks and broadcasts over MPI."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        if not self._torch_ready:
+            port = None
+            if self.rank == 0:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = probe.getsockname()[1]
+            port = self.world.bcast(port, root=0)
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=self.size,
+                timeout=datetime.timedelta(seconds=120),
+            )
+            self._torch_ready = True
+        group = self._torch_groups.get(backend)
+        if group is None:
+            if backend == "denseccl":
+                import denseccl.torch  # noqa: F401, PLC0415 - registers the backend
+            group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend=backend)
+            self._torch_groups[backend] = group
+        return group
+
+    # -- raw NCCL (GPU runs) ---------------------------------------------------------------------
+
+    _nccl: Optional[Any] = None
+
+    def nccl(self) -> Any:
+        """A cupy.cuda.nccl communicator of all ranks (unique id broadcast over MPI)."""
+        if self._nccl is None:
+            from cupy.cuda import nccl  # noqa: PLC0415
+
+            uid = nccl.get_unique_id() if self.rank == 0 else None
+            uid = self.world.bcast(uid, root=0)
+            self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        return self._nccl
+
+    _cupyx: Optional[Any] = None
+
+    def cupyx(self) -> Any:
+        if self._cupyx is None:
+            import cupyx.distributed  # noqa: PLC0415
+
+            self._cupyx = cupyx.distributed.init_process_group(self.size, self.rank, use_mpi=True)
+        return self._cupyx
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def mean(self, value: float) -> float:
+        """``value`` averaged over ranks."""
+        return self.world.allreduce(float(value)) / self.size
+
+    def total(self, value: int) -> int:
+        return int(self.world.allreduce(int(value)))
+
+    def any(self, flag: bool) -> bool:
+        return bool(self.world.allreduce(int(bool(flag)), op=self.MPI.MAX))
+
+    def close(self) -> None:
+        for comm in self._denseccl.values():
+            comm.close()
+        if self._torch_ready:
+            import torch.distributed as dist  # noqa: PLC0415
+
+            dist.destroy_process_group()

@@ -1,0 +1,154 @@
+"""The array libraries a benchmark case can be built in: NumPy, torch (CPU or CUDA) and CuPy.
+
+Each adapter offers the few operations the cases and contenders need: allocate a physical
+block, permute and mirror it into a layout, copy logical values in and out, make contiguous
+copies, and wait for the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+class Unsupported(Exception):
+    """This library cannot build this case (the message says why); the row is skipped."""
+
+
+class NumpyLib:
+    name = "numpy"
+    device = False
+
+    def __init__(self) -> None:
+        self.xp = np
+
+    def dtype(self, name: str) -> Any:
+        if name == "bfloat16":
+            try:
+                import ml_dtypes  # noqa: PLC0415 - optional
+
+                return np.dtype(ml_dtypes.bfloat16)
+            except ImportError:
+                raise Unsupported("NumPy has no bfloat16 (install ml_dtypes)") from None
+        return np.dtype(name)
+
+    def empty(self, shape: Sequence[int], dtype: str) -> Any:
+        return np.empty(tuple(shape), self.dtype(dtype))
+
+    def permute(self, array: Any, axes: Sequence[int]) -> Any:
+        return array.transpose(tuple(axes))
+
+    def mirror(self, array: Any, dims: Sequence[int]) -> Any:
+        index = tuple(slice(None, None, -1) if d in dims else slice(None) for d in range(array.ndim))
+        return array[index]
+
+    def assign(self, target: Any, values: np.ndarray) -> None:
+        np.copyto(target, values.reshape(target.shape), casting="unsafe")
+
+    def fill_zero(self, target: Any) -> None:
+        target[...] = 0
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        array = np.asarray(array)
+        return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+    def contiguous(self, array: Any) -> Any:
+        return np.ascontiguousarray(array)
+
+    def copy_into(self, target: Any, source: Any) -> None:
+        np.copyto(target, source)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class TorchLib:
+    name = "torch"
+
+    def __init__(self, device: str = "cpu") -> None:
+        import torch  # noqa: PLC0415 - optional
+
+        self.torch = torch
+        self.device_name = device
+        self.device = device != "cpu"
+
+    def dtype(self, name: str) -> Any:
+        return getattr(self.torch, name)
+
+    def empty(self, shape: Sequence[int], dtype: str) -> Any:
+        return self.torch.empty(tuple(shape), dtype=self.dtype(dtype), device=self.device_name)
+
+    def permute(self, array: Any, axes: Sequence[int]) -> Any:
+        return array.permute(*axes)
+
+    def mirror(self, array: Any, dims: Sequence[int]) -> Any:
+        if dims:
+            raise Unsupported("torch tensors cannot have negative strides")
+        return array
+
+    def assign(self, target: Any, values: np.ndarray) -> None:
+        source = self.torch.from_numpy(np.ascontiguousarray(values).reshape(tuple(target.shape)))
+        target.copy_(source)
+
+    def fill_zero(self, target: Any) -> None:
+        target.zero_()
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        array = array.detach().cpu()
+        if array.dtype == self.torch.bfloat16:
+            array = array.float()
+        return array.numpy()
+
+    def contiguous(self, array: Any) -> Any:
+        return array.contiguous()
+
+    def copy_into(self, target: Any, source: Any) -> None:
+        target.copy_(source)
+
+    def synchronize(self) -> None:
+        if self.device:
+            self.torch.cuda.synchronize()
+
+
+class CupyLib:
+    name = "cupy"
+    device = True
+
+    def __init__(self) -> None:
+        import cupy  # noqa: PLC0415 - optional
+
+        self.xp = cupy
+
+    def dtype(self, name: str) -> Any:
+        if name == "bfloat16":
+            raise Unsupported("CuPy has no bfloat16")
+        return np.dtype(name)
+
+    def empty(self, shape: Sequence[int], dtype: str) -> Any:
+        return self.xp.empty(tuple(shape), self.dtype(dtype))
+
+    def permute(self, array: Any, axes: Sequence[int]) -> Any:
+        return array.transpose(tuple(axes))
+
+    def mirror(self, array: Any, dims: Sequence[int]) -> Any:
+        index = tuple(slice(None, None, -1) if d in dims else slice(None) for d in range(array.ndim))
+        return array[index]
+
+    def assign(self, target: Any, values: np.ndarray) -> None:
+        target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
+
+    def fill_zero(self, target: Any) -> None:
+        target.fill(0)
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        return self.xp.asnumpy(array)
+
+    def contiguous(self, array: Any) -> Any:
+        return self.xp.ascontiguousarray(array)
+
+    def copy_into(self, target: Any, source: Any) -> None:
+        target[...] = source
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()

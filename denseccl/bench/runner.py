@@ -1,0 +1,132 @@
+"""The benchmark loop: for every collective, type, op, size and layout, verify each contender
+once on deterministic inputs (``#wrong``), then time them in alternating rounds."""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import cases
+from .cases import Case
+from .contenders import Contender, Run
+from .conventions import REDUCING, ROOTED, bandwidths, count_for, size_of
+from .job import Job
+from .libs import Unsupported
+from .timing import median, rounds
+
+Row = Dict[str, Any]
+
+
+class Settings:
+    """What to run (parsed from the command line)."""
+
+    def __init__(self, *, collectives: Sequence[str], dtypes: Sequence[str], ops: Sequence[str], sizes: Sequence[int],
+                 layouts: Sequence[str], root: int, iterations: int, warmup: int, rounds: int, memcheck: bool) -> None:
+        self.collectives = list(collectives)
+        self.dtypes = list(dtypes)
+        self.ops = list(ops)
+        self.sizes = list(sizes)
+        self.layouts = list(layouts)
+        self.root = root
+        self.iterations = iterations
+        self.warmup = warmup
+        self.rounds = rounds
+        self.memcheck = memcheck
+
+
+def verify(job: Job, case: Case, run: Run, memcheck: bool) -> Tuple[int, Optional[int]]:
+    """Run once on deterministic inputs; return (#wrong on this rank, peak bytes traced by
+    tracemalloc during the call when ``memcheck``)."""
+    run.load(cases.source_values(case))
+    run.sync()
+    job.world.Barrier()
+    peak = None
+    if memcheck:
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        run.step()
+        run.sync()
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+    else:
+        run.step()
+        run.sync()
+    if case.collective == "reduce" and job.rank != case.root and not run.keep_non_root:
+        return 0, peak
+    return cases.count_wrong(case, run.result(), cases.expected(case)), peak
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+
+
+def run_case(job: Job, case: Case, contenders: Sequence[Contender], settings: Settings, itemsize: int) -> List[Row]:
+    """Every contender's row for one case (verified, then timed in alternating rounds)."""
+    rows: List[Row] = []
+    timed: List[Tuple[str, Run]] = []
+    size = size_of(case.collective, case.count, itemsize, case.nranks)
+    base = {
+        "collective": case.collective, "size": size, "count": case.count, "type": case.dtype,
+        "redop": case.op if case.collective in REDUCING else None,
+        "root": case.root if case.collective in ROOTED else -1, "layout": case.layout,
+    }
+    for contender in contenders:
+        if contender.skip(case) is not None:
+            continue
+        row: Row = dict(base, contender=contender.name, denseccl=contender.denseccl)
+        run: Optional[Run] = None
+        error: Optional[str] = None
+        wrong, peak = 0, None
+        try:
+            run = contender.prepare(case)
+            wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl)
+        except Unsupported as reason:
+            error = f"unsupported: {reason}"
+        except Exception as failure:  # noqa: BLE001 - reported in the row, on every rank
+            error = _error_text(failure)
+        failed = job.any(error is not None)
+        if failed:
+            messages = [m for m in job.world.allgather(error) if m]
+            if all(m.startswith("unsupported") for m in messages):
+                continue
+            row.update(error=messages[0], wrong=None, time_us=float("nan"), algbw=float("nan"), busbw=float("nan"))
+            rows.append(row)
+            continue
+        row["wrong"] = job.total(wrong)
+        if settings.memcheck and contender.denseccl:
+            row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
+        assert run is not None
+        run.load(None)
+        timed.append((contender.name, run))
+        rows.append(row)
+    if timed:
+        times = rounds(job, timed, settings.iterations, settings.warmup, settings.rounds)
+        for row in rows:
+            if row.get("error"):
+                continue
+            seconds = median(times[row["contender"]])
+            algbw, busbw = bandwidths(case.collective, size, seconds, case.nranks)
+            row.update(time_us=seconds * 1e6, algbw=algbw, busbw=busbw, rounds_us=[t * 1e6 for t in times[row["contender"]]])
+    return rows
+
+
+def run_all(job: Job, contenders: Sequence[Contender], settings: Settings, itemsizes: Dict[str, int],
+            emit: Callable[[str, Any], None]) -> List[Row]:
+    """The whole benchmark; ``emit(kind, payload)`` is called as results come in
+    (``"block"`` with (collective, dtype, op) before a block, ``"row"`` with each row)."""
+    rows: List[Row] = []
+    for collective in settings.collectives:
+        for dtype in settings.dtypes:
+            for op in (settings.ops if collective in REDUCING else [None]):
+                emit("block", (collective, dtype, op))
+                for size in settings.sizes:
+                    count = count_for(collective, size, itemsizes[dtype], job.size)
+                    if count == 0:
+                        continue
+                    for layout in settings.layouts:
+                        case = Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank)
+                        for row in run_case(job, case, contenders, settings, itemsizes[dtype]):
+                            rows.append(row)
+                            emit("row", row)
+    return rows
