@@ -1,0 +1,158 @@
+"""A host control channel over a key-value store (torch's ``TCPStore``, or anything with its
+``set`` / ``wait`` / ``get`` / ``check`` / ``delete_key`` methods).
+
+It carries the agreement step (DESIGN §5) where there is no MPI: under a torchrun-style launch
+and in the torch adapter. Each exchange is one sequence number: every rank sets
+``{prefix}/{seq}/{rank}``, waits until all ``size`` keys exist (up to the deadline, then
+:class:`CollectiveTimeoutError`) and reads them. A rank that has read all keys of ``seq`` knows
+that every rank has finished reading ``seq - 1``, so it then deletes its own key of ``seq - 1``:
+the store holds at most two exchanges' keys per rank.
+
+The store itself is not imported here; :func:`tcp_store` makes a torch ``TCPStore``, lazily.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import CollectiveTimeoutError, DenseCCLError
+from .base import ControlChannel
+
+#: Longest single blocking wait on the store; the deadline is checked between waits.
+_WAIT_SLICE = 30.0
+_MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
+
+
+def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: str) -> None:
+    """Block until every key exists; :class:`CollectiveTimeoutError` once ``deadline`` (a
+    ``time.monotonic()`` value, None for never) has passed."""
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            if store.check(keys):
+                return
+            missing = [k for k in keys if not store.check([k])]
+            raise CollectiveTimeoutError(
+                f"{what} did not complete within the timeout: a peer never joined (missing store keys "
+                f"{', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}; it may have crashed, be stuck, or "
+                "have called a different sequence of collectives). The communicator is now broken; raise the "
+                "timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers are just slow"
+            )
+        span = _WAIT_SLICE if remaining is None else min(remaining, _WAIT_SLICE)
+        try:
+            store.wait(keys, timedelta(seconds=max(span, 0.001)))
+            return
+        except Exception as error:  # noqa: BLE001 - torch raises DistStoreError on a timed-out wait
+            if not _is_timeout(error):
+                raise
+
+
+def _is_timeout(error: BaseException) -> bool:
+    if isinstance(error, TimeoutError):
+        return True
+    return type(error).__name__ == "DistStoreError" or "timeout" in str(error).lower()
+
+
+class StoreControl(ControlChannel):
+    """Agreement traffic through a key-value store, under ``prefix``."""
+
+    def __init__(self, store: Any, rank: int, size: int, prefix: str = "denseccl/control") -> None:
+        if not 0 <= rank < size:
+            raise DenseCCLError(f"rank {rank} is not in 0..{size - 1}")
+        self.store = store
+        self.rank = rank
+        self.size = size
+        self.prefix = prefix.rstrip("/")
+        self._sequence = 0
+        self._splits = 0
+        self._multi_get = getattr(store, "multi_get", None)
+
+    def __repr__(self) -> str:
+        return f"<StoreControl {self.prefix} rank {self.rank} of {self.size}>"
+
+    def _key(self, sequence: int, rank: int) -> str:
+        return f"{self.prefix}/{sequence}/{rank}"
+
+    def _exchange(self, data: bytes, deadline: Optional[float]) -> List[bytes]:
+        sequence = self._sequence
+        self._sequence += 1
+        keys = [self._key(sequence, r) for r in range(self.size)]
+        self.store.set(keys[self.rank], _MARK + bytes(data))
+        wait_for_keys(self.store, keys, deadline, "the agreement step")
+        values = self._multi_get(keys) if self._multi_get is not None else [self.store.get(k) for k in keys]
+        if sequence:
+            # Every rank has set its key of `sequence`, so all have read `sequence - 1`.
+            self.store.delete_key(self._key(sequence - 1, self.rank))
+        return [bytes(v)[1:] for v in values]
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        n = len(values)
+        rows = [struct.unpack(f"<{n}q", raw) for raw in self._exchange(struct.pack(f"<{n}q", *values), deadline)]
+        return [max(column) for column in zip(*rows)]
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        return self._exchange(data, deadline)
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["StoreControl"]:
+        """Members of each color ranked by ``(key, rank)``, as MPI and NCCL rank them."""
+        index = self._splits
+        self._splits += 1
+        mine = struct.pack("<qq", -1 if color is None else color, key)
+        entries = [struct.unpack("<qq", raw) for raw in self._exchange(mine, deadline)]
+        if color is None:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)
+        new_rank = members.index((key, self.rank))
+        return StoreControl(self.store, new_rank, len(members), f"{self.prefix}/split{index}/color{color}")
+
+    def close(self) -> None:
+        """Forget the store. It is never shut down here: torch's process group may share it,
+        and this rank's last key may still be read by a slower peer."""
+        self.store = None
+
+
+class SoloControl(ControlChannel):
+    """The control channel of a one-rank communicator: nothing to exchange."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        return list(values)
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        return [bytes(data)]
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["SoloControl"]:
+        return None if color is None else SoloControl()
+
+
+_INSTANCES: Dict[str, int] = {}
+
+
+def next_prefix(base: str) -> str:
+    """``base/N`` with N counting the communicators this process built on ``base``; ranks that
+    create communicators in the same order get the same prefixes (SPMD)."""
+    number = _INSTANCES.get(base, 0)
+    _INSTANCES[base] = number + 1
+    return f"{base}/{number}"
+
+
+def tcp_store(host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = 300.0) -> Any:
+    """A torch ``TCPStore`` client (and, on rank 0 unless ``is_master`` says otherwise, the
+    server) at ``host:port``. torch is imported only here."""
+    try:
+        from torch.distributed import TCPStore  # noqa: PLC0415 - optional dependency
+    except ImportError as error:
+        raise DenseCCLError(
+            f"a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) needs torch's TCPStore to "
+            f"exchange the NCCL unique id ({error}); install torch, or launch with mpiexec (pip install 'denseccl[mpi]')"
+        ) from None
+    master = rank == 0 if is_master is None else is_master
+    return TCPStore(host, int(port), size, master, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+
+__all__ = ["SoloControl", "StoreControl", "next_prefix", "tcp_store", "wait_for_keys"]

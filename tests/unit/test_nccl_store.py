@@ -1,0 +1,92 @@
+"""The store control channel (agreement for the NCCL backend without MPI) with real processes
+over a real torch TCPStore on localhost: the test process serves the store, three subprocess
+ranks talk through it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch_distributed = pytest.importorskip("torch.distributed")
+
+from denseccl.errors import CollectiveTimeoutError, DenseCCLError  # noqa: E402
+from denseccl.transports.store import SoloControl, StoreControl, next_prefix, wait_for_keys  # noqa: E402
+
+RANK_PROGRAM = Path(__file__).with_name("store_rank.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def server():
+    store = torch_distributed.TCPStore("127.0.0.1", 0, 4, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+    yield store
+
+
+def run_ranks(port: int, scenario: str, size: int = 3) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(RANK_PROGRAM), str(port), str(rank), str(size), scenario],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(size)
+    ]
+    failures = []
+    for rank, process in enumerate(processes):
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+            failures.append(f"rank {rank} hung\n{out}\n{err}")
+            continue
+        if process.returncode != 0:
+            failures.append(f"rank {rank} exited {process.returncode}\n{out}\n{err[-3000:]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_three_ranks(server):
+    """150 rounds of both exchanges (keys cleaned up as they go), agreement with a mismatch and
+    an invalid rank, split by color, then a rank that never joins: the others time out."""
+    run_ranks(server.port, "exchanges,agreement,split,timeout")
+
+
+def test_one_rank_in_process(server):
+    control = StoreControl(server, 0, 1, "test/solo")
+    assert control.allreduce_max([3, -4], None) == [3, -4]
+    assert control.allgather_bytes(b"", None) == [b""]
+    assert control.split(None, 0, None) is None
+    assert control.split(5, 0, None).size == 1
+
+
+def test_wait_for_keys_times_out(server):
+    server.set("present", b"1")
+    wait_for_keys(server, ["present"], None, "x")
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="absent"):
+        wait_for_keys(server, ["present", "absent"], time.monotonic() + 0.3, "the agreement step")
+    assert time.monotonic() - started < 10
+
+
+def test_bad_rank():
+    with pytest.raises(DenseCCLError):
+        StoreControl(object(), 3, 3)
+
+
+def test_solo_and_prefixes():
+    solo = SoloControl()
+    assert solo.allreduce_max([1, 2], None) == [1, 2]
+    assert solo.allgather_bytes(b"x", None) == [b"x"]
+    assert solo.split(None, 0, None) is None and solo.split(0, 0, None).size == 1
+    first, second = next_prefix("test-prefix"), next_prefix("test-prefix")
+    assert first != second and first.startswith("test-prefix/")
