@@ -204,3 +204,64 @@ def allocate(like: Buffer, layout: Layout) -> Any:
     with cupy.cuda.Device(like.device):
         memory = cupy.cuda.alloc(max(numel, 1) * layout.itemsize)
         return cupy.ndarray(layout.shape, dtype, memptr=memory + (-lo * layout.itemsize), strides=byte_strides)
+
+
+# -- CUDA streams ------------------------------------------------------------------------------
+
+
+class StreamRef(NamedTuple):
+    """The CUDA stream a device collective runs on, and whose *current* stream ``Work.wait()``
+    should order after it: ``library`` is ``"torch"`` for torch tensors (torch's current
+    stream), else ``"cupy"`` (CuPy's current stream)."""
+
+    pointer: int
+    library: str
+    device: int
+
+
+def current_stream_pointer(library: str, device: int) -> int:
+    """The ``cudaStream_t`` that ``library`` (``"torch"`` or ``"cupy"``) treats as current on
+    ``device`` right now (0 is the legacy default stream)."""
+    if library == "torch":
+        torch = sys.modules["torch"]
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    import cupy  # noqa: PLC0415 - device arrays only
+
+    return int(cupy.cuda.get_current_stream(device).ptr)
+
+
+def stream_pointer(stream: Any) -> int:
+    """The ``cudaStream_t`` of a stream given by the user: an int handle, a CuPy stream
+    (``.ptr``), a torch stream (``.cuda_stream``) or any object with ``__cuda_stream__``."""
+    if isinstance(stream, bool):
+        raise LayoutError(f"stream={stream!r} is not a CUDA stream")
+    if isinstance(stream, int):
+        return stream
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        _version, handle = protocol() if callable(protocol) else protocol
+        return int(handle)
+    for attribute in ("ptr", "cuda_stream"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise LayoutError(
+        f"stream={stream!r} is not a CUDA stream: pass a cupy.cuda.Stream, a torch.cuda.Stream, an object "
+        "with __cuda_stream__, an integer cudaStream_t, or None for the array's current stream"
+    )
+
+
+def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
+    """The stream a device collective on ``buffer`` runs on: ``stream`` if given, else the
+    array's current stream (torch's for torch tensors, CuPy's for CuPy arrays; for other
+    ``__cuda_array_interface__`` objects the interface's ``stream`` entry if it names one,
+    else CuPy's current stream). Running there orders the collective after the kernels that
+    produced the data, with no host synchronisation."""
+    library = "torch" if buffer.library == "torch" else "cupy"
+    if stream is not None:
+        return StreamRef(stream_pointer(stream), library, buffer.device)
+    if buffer.library == "cuda_array_interface":
+        named = getattr(buffer.owner, "__cuda_array_interface__", {}).get("stream")
+        if isinstance(named, int) and not isinstance(named, bool) and named > 0:
+            return StreamRef(named, library, buffer.device)
+    return StreamRef(current_stream_pointer(library, buffer.device), library, buffer.device)

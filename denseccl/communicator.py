@@ -32,8 +32,18 @@ class Work:
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until the collective has completed and return its result array.
-        ``timeout`` (seconds) defaults to the communicator's."""
+        ``timeout`` (seconds) defaults to the communicator's. On a device transport (NCCL)
+        this does not block the host: it makes the caller's current stream wait for the
+        collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
         self._communicator._wait(self._pending, timeout)
+        self._keep = None
+        return self._result
+
+    def synchronize(self, timeout: Optional[float] = None) -> Any:
+        """Block the host until the collective has completed (on the device too) and return
+        its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
+        communicator's), which also aborts a device communicator."""
+        self._communicator._synchronize(self._pending, timeout)
         self._keep = None
         return self._result
 
@@ -80,6 +90,7 @@ class Communicator:
         try:
             reduce_op = as_op(op)
             source = self._input(x, writable=out is None)
+            stream = self._stream(source, stream)
             self._check_op(reduce_op, source)
             target = source if out is None else self._output(out, source.layout, "out", forbid_overlap_with=source)
             descriptor = Descriptor("allreduce", None, str(reduce_op), source.layout.key)
@@ -99,6 +110,7 @@ class Communicator:
             reduce_op = as_op(op)
             on_root = self.rank == root
             source = self._input(x, writable=on_root and out is None)
+            stream = self._stream(source, stream)
             self._check_op(reduce_op, source)
             target = source
             if on_root and out is not None:
@@ -118,6 +130,7 @@ class Communicator:
         try:
             root = self._root(root)
             buffer = self._input(x, writable=self.rank != root)
+            stream = self._stream(buffer, stream)
             self._check_dtype(buffer)
             descriptor = Descriptor("broadcast", root, None, buffer.layout.key)
         except Exception as error:  # noqa: BLE001
@@ -133,6 +146,7 @@ class Communicator:
         self._usable()
         try:
             source = self._input(x, writable=False)
+            stream = self._stream(source, stream)
             self._check_dtype(source)
             block = source.layout
             target = None
@@ -156,6 +170,7 @@ class Communicator:
         try:
             reduce_op = as_op(op)
             source = self._input(x, writable=False, dense_required=False)
+            stream = self._stream(source, stream)
             problem = stacked_problem(source.layout, self.size)
             if problem is not None:
                 raise LayoutError(
@@ -184,6 +199,19 @@ class Communicator:
         self._agree(Descriptor("barrier"))
         self._complete(self._guard(self.transport.barrier), None, False, None)
 
+    def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
+        """A communicator over the ranks that pass the same ``color`` (a non-negative int),
+        ranked by ``key`` then by rank; None on ranks that pass ``color=None``. Every rank
+        must call it (MPI ``Comm.Split``; ``ncclCommSplit`` for NCCL >= 2.18)."""
+        self._usable()
+        if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
+            raise LayoutError(f"color must be a non-negative int or None, got {color!r}")
+        control = self._guard(self.control.split, color, int(key), self._deadline())
+        transport = self._guard(self.transport.split, color, int(key))
+        if transport is None or control is None:
+            return None
+        return Communicator(transport, control, check=self.check, timeout=self.timeout)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     @property
@@ -207,6 +235,8 @@ class Communicator:
     # -- the steps ---------------------------------------------------------------------------
 
     def _usable(self) -> None:
+        if self._broken is None:
+            self._broken = self.transport.failure()
         if self._broken is not None:
             raise CommunicatorBrokenError(
                 f"this communicator is unusable ({self._broken}); create a new one with denseccl.init()"
@@ -280,6 +310,16 @@ class Communicator:
             where = "device (CUDA)" if on_device else "host"
             wanted = "device arrays: use denseccl.init(backend='nccl')" if on_device else "host arrays: use denseccl.init(backend='mpi')"
             raise LayoutError(f"{name} is a {where} array, but the {self.backend} transport moves {'device' if self.transport.device_memory else 'host'} memory only; for {wanted}")
+        bound = self.transport.device
+        if on_device and bound is not None and buffer.device != bound:
+            raise LayoutError(
+                f"{name} is on cuda:{buffer.device}, but this communicator's rank {self.rank} runs on cuda:{bound}; "
+                f"move it there (x.to('cuda:{bound}') / cupy.asarray under cupy.cuda.Device({bound}))"
+            )
+
+    def _stream(self, buffer: Buffer, stream: Any) -> Any:
+        """The stream a device collective runs on (see :func:`arrays.current_stream`)."""
+        return arrays.current_stream(buffer, stream) if self.transport.device_memory else stream
 
     def _check_dtype(self, buffer: Buffer) -> None:
         """For collectives without an op: the transport must be able to move the dtype."""
@@ -289,6 +329,7 @@ class Communicator:
 
     def _check_op(self, op: Op, buffer: Buffer) -> None:
         check_op_for_dtype(op, DTYPES[buffer.layout.dtype], self.transport.dtypes, self.backend)
+        self.transport.check_op(op, DTYPES[buffer.layout.dtype])
 
     def _root(self, root: Any) -> int:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
@@ -319,6 +360,9 @@ class Communicator:
 
     def _wait(self, pending: Pending, timeout: Optional[float] = None) -> None:
         self._guard(pending.wait, self._deadline(timeout))
+
+    def _synchronize(self, pending: Pending, timeout: Optional[float] = None) -> None:
+        self._guard(pending.synchronize, self._deadline(timeout))
 
     def _complete(self, pending: Pending, result: Any, async_op: bool, keep: Any) -> Any:
         if async_op:

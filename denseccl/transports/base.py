@@ -12,7 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError, DenseCCLError
 from ..ops import DType, Op
 
 
@@ -27,6 +27,12 @@ class Pending(ABC):
     def wait(self, deadline: Optional[float]) -> None:
         """Block until completion; :class:`CollectiveTimeoutError` past ``deadline``
         (a ``time.monotonic()`` value; ``None`` waits forever)."""
+
+    def synchronize(self, deadline: Optional[float]) -> None:
+        """Block the host until the operation has completed. For host transports this is
+        :meth:`wait`; device transports, whose ``wait`` only orders the caller's current
+        stream after the operation, block the host here."""
+        self.wait(deadline)
 
 
 class Done(Pending):
@@ -79,6 +85,8 @@ class Transport(ABC):
     dtypes: Mapping[str, Any]
     #: True when the transport moves device (CUDA) memory, False for host memory.
     device_memory: bool
+    #: The CUDA device a device transport is bound to (None for host transports).
+    device: Optional[int] = None
 
     @abstractmethod
     def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending: ...
@@ -101,6 +109,20 @@ class Transport(ABC):
     @abstractmethod
     def barrier(self) -> Pending: ...
 
+    def check_op(self, op: Op, dtype: DType) -> None:
+        """Raise :class:`LayoutError` if this transport cannot apply ``op`` to ``dtype``
+        (restrictions beyond the common tables in ops.py, e.g. of the library's version)."""
+
+    def failure(self) -> Optional[str]:
+        """Why the transport became unusable on its own (a watchdog saw a timeout or an
+        asynchronous error), or None."""
+        return None
+
+    def split(self, color: Optional[int], key: int) -> Optional["Transport"]:
+        """A transport over the ranks that pass the same ``color`` (ordered by ``key``, then
+        rank); None where ``color`` is None. Collective over all ranks."""
+        raise DenseCCLError(f"the {self.name} transport cannot split into sub-groups")
+
     def close(self) -> None:
         """Release the library's communicator (collective where the library says so)."""
 
@@ -118,6 +140,11 @@ class ControlChannel(ABC):
     @abstractmethod
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         """Every rank's ``data``, indexed by rank."""
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["ControlChannel"]:
+        """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
+        None where ``color`` is None. Collective over all ranks."""
+        raise DenseCCLError(f"{type(self).__name__} cannot split into sub-groups")
 
     def close(self) -> None:
         """Release the channel."""

@@ -163,6 +163,10 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
+    def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
+        part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
+        return None if part == MPI.COMM_NULL else MPITransport(part)
+
     def close(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
@@ -198,6 +202,10 @@ class MPIControl(ControlChannel):
         wait_until(request.Test, deadline, "the agreement step")
         raw = gathered.tobytes()
         return [raw[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["MPIControl"]:
+        part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
+        return None if part == MPI.COMM_NULL else MPIControl(part)
 
     def close(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():

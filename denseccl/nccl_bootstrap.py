@@ -1,0 +1,320 @@
+"""Bootstrap of the NCCL backend: which GPU this rank drives, how the NCCL unique id reaches
+every rank, and which host channel carries the agreement check.
+
+Launches understood, in this order:
+
+- ``store=`` (with ``rank=`` and ``size=``, or ``RANK`` / ``WORLD_SIZE``): a key-value store with
+  torch's ``TCPStore`` interface, e.g. the one torch.distributed hands a backend;
+- ``comm=``: an mpi4py communicator;
+- a torchrun-style environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+  ``LOCAL_RANK``): the unique id goes through a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``
+  (served by rank 0, or by torchrun's agent when ``TORCHELASTIC_USE_AGENT_STORE=True``);
+- otherwise MPI's ``COMM_WORLD`` (mpiexec/mpirun), or, with no MPI at all, a single rank.
+
+The device is ``device=`` if given, else the local rank modulo the number of visible GPUs (the
+local rank from MPI's shared-memory split under MPI, else ``LOCAL_RANK``,
+``MPI_LOCALRANKID`` or ``OMPI_COMM_WORLD_LOCAL_RANK``). Agreement runs on the host: MPI, or the
+store (:class:`~denseccl.transports.store.StoreControl`), never as a device sync.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from typing import Any, Optional, Tuple
+
+from .communicator import Communicator
+from .errors import DenseCCLError
+
+INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
+UNIQUE_ID_BYTES = 128
+_LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+_MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_SIZE")
+
+
+# -- is NCCL usable here? -------------------------------------------------------------------------
+
+
+def nccl_missing() -> Optional[str]:
+    """What keeps the nccl backend from running here, with how to fix it; None if nothing."""
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency
+    except ImportError as error:
+        return (
+            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with {INSTALL_HINT}; "
+            "for host arrays use denseccl.init(backend='mpi')"
+        )
+    except Exception as error:  # noqa: BLE001 - a broken CUDA install can fail in many ways
+        return f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); reinstall it with {INSTALL_HINT}"
+    problems = []
+    try:
+        gpu = bool(cupy.is_available())
+    except Exception:  # noqa: BLE001
+        gpu = False
+    if not gpu:
+        problems.append(
+            "no CUDA GPU is visible (cupy.is_available() is False: this machine has no GPU or driver, or "
+            "CUDA_VISIBLE_DEVICES hides them)"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CuPy warns when libnccl is missing; we say it better below
+        try:
+            from cupy.cuda import nccl  # noqa: PLC0415
+
+            has_nccl = bool(getattr(nccl, "available", False))
+        except Exception:  # noqa: BLE001
+            has_nccl = False
+    if not has_nccl:
+        problems.append(
+            "CuPy cannot load the NCCL library libnccl.so.2 (cupy.cuda.nccl.available is False): install it with "
+            "pip install nvidia-nccl-cu12 (or nvidia-nccl-cu13 for CUDA 13), which denseccl[cuda12] includes"
+        )
+    if not problems:
+        return None
+    return (
+        "the nccl backend cannot run here: "
+        + "; and ".join(problems)
+        + f". Install the GPU stack with {INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
+    )
+
+
+def nccl_usable() -> bool:
+    """True when CuPy sees a GPU and can load NCCL (what ``denseccl.init()`` uses to choose)."""
+    return nccl_missing() is None
+
+
+def _require_nccl() -> Tuple[Any, Any]:
+    problem = nccl_missing()
+    if problem is not None:
+        raise DenseCCLError(problem)
+    import cupy  # noqa: PLC0415
+    from cupy.cuda import nccl  # noqa: PLC0415
+
+    return cupy, nccl
+
+
+# -- the unique id ---------------------------------------------------------------------------------
+
+
+def unique_id_bytes(unique_id: Any) -> bytes:
+    """NCCL's 128-byte unique id as bytes, from CuPy 14's ``bytes`` or CuPy 13's tuple of
+    (signed) ints."""
+    if isinstance(unique_id, (bytes, bytearray, memoryview)):
+        raw = bytes(unique_id)
+    else:
+        try:
+            raw = bytes(int(value) & 0xFF for value in unique_id)
+        except (TypeError, ValueError):
+            raise DenseCCLError(f"not an NCCL unique id: {type(unique_id).__name__}") from None
+    if len(raw) != UNIQUE_ID_BYTES:
+        raise DenseCCLError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+def unique_id_tuple(raw: bytes) -> Tuple[int, ...]:
+    """CuPy 13's form: a tuple of signed chars."""
+    return tuple(value - 256 if value > 127 else value for value in raw)
+
+
+def cupy_wants_bytes(version: str) -> bool:
+    """CuPy >= 14 takes the unique id as bytes; earlier versions as a tuple of ints."""
+    try:
+        return int(version.split(".")[0]) >= 14
+    except ValueError:
+        return True
+
+
+def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_version: str) -> Any:
+    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes; if the
+    version guess is wrong (a TypeError from the typed argument), the other form."""
+    forms = [raw, unique_id_tuple(raw)]
+    if not cupy_wants_bytes(cupy_version):
+        forms.reverse()
+    try:
+        return factory(size, forms[0], rank)
+    except TypeError:
+        return factory(size, forms[1], rank)
+
+
+# -- which device ----------------------------------------------------------------------------------
+
+
+def local_rank_from_env(environ: Any = None) -> Optional[int]:
+    environ = os.environ if environ is None else environ
+    for name in _LOCAL_RANK_VARIABLES:
+        raw = environ.get(name)
+        if raw is not None and raw.strip().lstrip("-").isdigit():
+            return int(raw)
+    return None
+
+
+def pick_device(local_rank: Optional[int], rank: int, count: int) -> int:
+    """The local rank (else the global rank) modulo the number of visible devices."""
+    if count < 1:
+        raise DenseCCLError("no CUDA device is visible (check CUDA_VISIBLE_DEVICES)")
+    return (local_rank if local_rank is not None else rank) % count
+
+
+def _use_device(cupy: Any, device: int) -> None:
+    cupy.cuda.Device(device).use()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(device)
+        except Exception:  # noqa: BLE001 - torch is only a guest here
+            pass
+
+
+# -- which launch ----------------------------------------------------------------------------------
+
+
+def launch_kind(*, comm: Any = None, store: Any = None, size: Optional[int] = None, environ: Any = None) -> str:
+    """``"store"``, ``"mpi"``, ``"env"`` (torchrun-style) or ``"solo"``: how ranks meet."""
+    environ = os.environ if environ is None else environ
+    if store is not None:
+        return "store"
+    if comm is not None:
+        return "mpi"
+    if size == 1:
+        return "solo"
+    if all(environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return "env"
+    if size is not None:
+        raise DenseCCLError(
+            f"size={size} needs a way for the ranks to meet: store= (a TCPStore), comm= (mpi4py), a torchrun-style "
+            "environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or mpiexec"
+        )
+    return "mpi"
+
+
+def _env_int(name: str, given: Optional[int]) -> int:
+    if given is not None:
+        return int(given)
+    raw = os.environ.get(name)
+    if raw is None:
+        raise DenseCCLError(f"pass {name.lower()}= or set {name}")
+    try:
+        return int(raw)
+    except ValueError:
+        raise DenseCCLError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _mpi_world() -> Any:
+    """MPI's COMM_WORLD, or None when there is no MPI and no MPI launcher (a single rank)."""
+    try:
+        from mpi4py import MPI  # noqa: PLC0415
+    except Exception as error:  # noqa: BLE001 - ImportError, or no MPI library behind mpi4py
+        if any(os.environ.get(name) for name in _MPI_LAUNCH_VARIABLES):
+            raise DenseCCLError(
+                f"this looks like an MPI launch, but mpi4py cannot start ({type(error).__name__}: {error}); install "
+                "it with pip install 'denseccl[mpi]', or launch with torchrun-style variables"
+            ) from None
+        return None
+    return MPI.COMM_WORLD
+
+
+def init_nccl(
+    *,
+    comm: Any = None,
+    check: bool = True,
+    timeout: Optional[float] = 300.0,
+    store: Any = None,
+    rank: Optional[int] = None,
+    size: Optional[int] = None,
+    device: Optional[int] = None,
+    prefix: str = "denseccl",
+    **unexpected: Any,
+) -> Communicator:
+    """A Communicator over NCCL (see the module docstring for launches and devices)."""
+    if unexpected:
+        raise DenseCCLError(
+            f"unexpected options for the nccl backend: {', '.join(sorted(unexpected))} "
+            "(known: comm, store, rank, size, device, prefix)"
+        )
+    cupy, nccl = _require_nccl()
+    from .transports.nccl import NCCLTransport  # noqa: PLC0415
+    from .transports.store import SoloControl, StoreControl, next_prefix, tcp_store, wait_for_keys  # noqa: PLC0415
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    kind = launch_kind(comm=comm, store=store, size=size)
+    if kind == "mpi":
+        comm = comm if comm is not None else _mpi_world()
+        if comm is None:
+            kind = "solo"
+    count = cupy.cuda.runtime.getDeviceCount()
+
+    if kind == "solo":
+        rank, size = 0, 1
+        chosen = device if device is not None else pick_device(local_rank_from_env(), 0, count)
+        _use_device(cupy, chosen)
+        raw = unique_id_bytes(nccl.get_unique_id())
+        control: Any = SoloControl()
+    elif kind == "mpi":
+        from mpi4py import MPI  # noqa: PLC0415
+
+        from .transports.mpi import MPIControl  # noqa: PLC0415
+
+        rank, size = comm.Get_rank(), comm.Get_size()
+        if device is None:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            try:
+                local = node.Get_rank()
+            finally:
+                node.Free()
+            device = pick_device(local, rank, count)
+        chosen = device
+        _use_device(cupy, chosen)
+        raw = comm.bcast(unique_id_bytes(nccl.get_unique_id()) if rank == 0 else None, root=0)
+        control = MPIControl(comm.Dup())
+    else:
+        rank, size = _env_int("RANK", rank), _env_int("WORLD_SIZE", size)
+        if kind == "env":
+            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            store = tcp_store(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                rank,
+                size,
+                is_master=rank == 0 and not agent,
+                timeout=timeout or 300.0,
+            )
+        chosen = device if device is not None else pick_device(local_rank_from_env(), rank, count)
+        _use_device(cupy, chosen)
+        namespace = next_prefix(f"{prefix}/nccl")
+        key = f"{namespace}/unique_id"
+        if rank == 0:
+            store.set(key, unique_id_bytes(nccl.get_unique_id()))
+        wait_for_keys(store, [key], deadline, "the NCCL unique id exchange")
+        raw = unique_id_bytes(store.get(key))
+        control = StoreControl(store, rank, size, f"{namespace}/control")
+
+    with cupy.cuda.Device(chosen):
+        nccl_comm = make_communicator(nccl.NcclCommunicator, size, raw, rank, cupy.__version__)
+    transport = NCCLTransport(nccl_comm, chosen, timeout=timeout, version=nccl.get_version())
+    try:
+        transport.barrier().synchronize(deadline)  # fail early, in the constructor (vLLM does the same)
+    except BaseException:
+        transport.close()
+        control.close()
+        raise
+    return Communicator(transport, control, check=check, timeout=timeout)
+
+
+def describe_environment() -> str:
+    """One line on CuPy, NCCL and the GPUs, for logs and error reports."""
+    problem = nccl_missing()
+    if problem is not None:
+        return problem
+    cupy, nccl = _require_nccl()
+    from .transports.nccl import version_string  # noqa: PLC0415
+
+    return (
+        f"CuPy {cupy.__version__}, NCCL {version_string(nccl.get_version())}, "
+        f"{cupy.cuda.runtime.getDeviceCount()} GPU(s) visible"
+    )
+
+
+__all__ = ["init_nccl", "nccl_missing", "nccl_usable", "unique_id_bytes", "unique_id_tuple", "make_communicator"]

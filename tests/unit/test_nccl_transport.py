@@ -1,0 +1,479 @@
+"""The NCCL transport's logic on the CPU, with a fake NcclCommunicator, fake CUDA events and a
+fake libnccl: which call each collective makes (pointers, counts, dtypes, ops, roots, streams),
+the PreMulSum op cache, Work/Pending semantics (stream wait vs host synchronisation), timeouts
+that abort the communicator, asynchronous errors, the watchdog, split, and the Communicator on
+top of it all. What only a GPU can show (NCCL's arithmetic, real streams) is in tests/gpu."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import denseccl
+from denseccl import arrays
+from denseccl.arrays import StreamRef
+from denseccl.communicator import Communicator
+from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from denseccl.ops import DTYPES, PreMulSum, ReduceOp
+from denseccl.transports import nccl
+from denseccl.transports.store import SoloControl
+
+VERSION = nccl.version_code(2, 27, 3)
+F32, C64, BOOL, I16, F16 = (DTYPES[n] for n in ("float32", "complex64", "bool", "int16", "float16"))
+
+
+class FakeEvent:
+    def __init__(self, stream: int, done: bool) -> None:
+        self.stream = stream
+        self.finished = done
+
+
+class FakeEvents:
+    def __init__(self, current: int = 0) -> None:
+        self.current_pointer = current
+        self.recorded: list = []
+        self.waits: list = []
+        self.auto_done = True
+        self.broken_query = False
+
+    def record(self, stream):
+        event = FakeEvent(stream, self.auto_done)
+        self.recorded.append(event)
+        return event
+
+    def done(self, event):
+        if self.broken_query:
+            raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+        return event.finished
+
+    def wait(self, stream, event):
+        self.waits.append((stream, event))
+
+    def current(self, ref):
+        return self.current_pointer
+
+    def default_stream(self):
+        return StreamRef(self.current_pointer, "cupy", 0)
+
+    def scratch(self, nbytes):
+        return SimpleNamespace(ptr=0xBEEF)
+
+
+class FakeComm:
+    def __init__(self, rank: int = 0, size: int = 2) -> None:
+        self._rank, self._size = rank, size
+        self.comm = 0x1234
+        self.calls: list = []
+        self.aborted = self.destroyed = False
+        self.async_error = None
+        self.fail_next = None
+
+    def rank_id(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    def _record(self, name, *args):
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
+        self.calls.append((name, *args))
+
+    def allReduce(self, *args):  # noqa: N802 - CuPy's names
+        self._record("allReduce", *args)
+
+    def reduce(self, *args):
+        self._record("reduce", *args)
+
+    def broadcast(self, *args):
+        self._record("broadcast", *args)
+
+    def allGather(self, *args):  # noqa: N802
+        self._record("allGather", *args)
+
+    def reduceScatter(self, *args):  # noqa: N802
+        self._record("reduceScatter", *args)
+
+    def send(self, *args):
+        self._record("send", *args)
+
+    def recv(self, *args):
+        self._record("recv", *args)
+
+    def check_async_error(self):
+        if self.async_error:
+            raise RuntimeError(self.async_error)
+
+    def abort(self):
+        self.aborted = True
+        self.comm = 0
+
+    def destroy(self):
+        self.destroyed = True
+
+    def commSplit(self, color, key):  # noqa: N802
+        self.calls.append(("commSplit", color, key))
+        return None if color == -1 else FakeComm(0, 1)
+
+
+class FakeLibrary:
+    def __init__(self) -> None:
+        self.created: list = []
+        self.destroyed: list = []
+        self._next = 5  # ncclNumOps: the first dynamic op
+
+    def create_premul_sum(self, scalar, datatype, comm):
+        self.created.append((scalar, datatype, comm))
+        self._next += 1
+        return self._next - 1
+
+    def destroy_op(self, op, comm):
+        self.destroyed.append((op, comm))
+
+
+def make(*, timeout=None, size=2, version=VERSION, interval=0.01, current=0):
+    comm, events, library = FakeComm(0, size), FakeEvents(current), FakeLibrary()
+    transport = nccl.NCCLTransport(comm, 0, timeout=timeout, version=version, events=events, library=library, watchdog_interval=interval)
+    return transport, comm, events, library
+
+
+def wait_for(predicate, seconds=5.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+S = StreamRef(77, "cupy", 0)
+
+
+# -- one call per collective ------------------------------------------------------------------
+
+
+def test_calls_map_to_one_nccl_call_each():
+    transport, comm, events, _ = make()
+    transport.allreduce(100, 200, 10, F32, ReduceOp.SUM, S)
+    transport.allreduce(100, 100, 10, C64, ReduceOp.AVG, S)
+    transport.allreduce(100, 100, 8, BOOL, ReduceOp.SUM, S)
+    transport.allreduce(100, 100, 8, BOOL, ReduceOp.PRODUCT, S)
+    transport.reduce(100, 200, 3, F16, ReduceOp.MAX, 1, S)
+    transport.broadcast(300, 5, I16, 1, S)
+    transport.broadcast(300, 5, F32, 0, S)
+    transport.allgather(100, 400, 6, F32, S)
+    transport.reduce_scatter(400, 100, 6, C64, ReduceOp.SUM, S)
+    transport.send(100, 4, F32, 1, S)
+    transport.recv(100, 4, F32, 1, S)
+    assert comm.calls == [
+        ("allReduce", 100, 200, 10, 7, 0, 77),
+        ("allReduce", 100, 100, 20, 7, 4, 77),
+        ("allReduce", 100, 100, 8, 1, 2, 77),
+        ("allReduce", 100, 100, 8, 1, 3, 77),
+        ("reduce", 100, 200, 3, 6, 2, 1, 77),
+        ("broadcast", 300, 300, 10, 1, 1, 77),
+        ("broadcast", 300, 300, 5, 7, 0, 77),
+        ("allGather", 100, 400, 6, 7, 77),
+        ("reduceScatter", 400, 100, 12, 7, 0, 77),
+        ("send", 100, 4, 7, 1, 77),
+        ("recv", 100, 4, 7, 1, 77),
+    ]
+    assert [event.stream for event in events.recorded] == [77] * len(comm.calls)
+    transport.close()
+    assert comm.destroyed
+
+
+def test_reducing_a_dtype_without_nccl_type_is_refused():
+    transport, comm, _, _ = make()
+    with pytest.raises(LayoutError, match="int16"):
+        transport.check_op(ReduceOp.SUM, I16)
+    with pytest.raises(LayoutError, match="int16"):
+        transport.allreduce(1, 1, 1, I16, ReduceOp.SUM, S)
+    with pytest.raises(LayoutError, match="pairs of reals"):
+        transport.check_op(ReduceOp.PRODUCT, C64)
+    assert comm.calls == []
+
+
+def test_stream_forms():
+    transport, comm, _, _ = make(current=55)
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM)  # None: CuPy's current stream
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, 9)
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, SimpleNamespace(ptr=10))
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, SimpleNamespace(cuda_stream=11))
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, SimpleNamespace(__cuda_stream__=lambda: (0, 12)))
+    assert [call[-1] for call in comm.calls] == [55, 9, 10, 11, 12]
+    with pytest.raises(LayoutError, match="not a CUDA stream"):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, "default")
+
+
+# -- PreMulSum ----------------------------------------------------------------------------------
+
+
+def test_premul_ops_are_created_once_and_destroyed_on_close():
+    transport, comm, _, library = make()
+    for _ in range(3):
+        transport.allreduce(1, 1, 4, F32, PreMulSum(0.5), S)
+    transport.allreduce(1, 1, 4, C64, PreMulSum(0.5), S)  # complex scales through float32: same op
+    transport.reduce_scatter(1, 2, 4, F16, PreMulSum(0.5), S)
+    transport.reduce(1, 2, 4, F32, PreMulSum(2), 0, S)
+    assert [created[:2] for created in library.created] == [
+        (np.float32(0.5).tobytes(), 7),
+        (np.float16(0.5).tobytes(), 6),
+        (np.float32(2).tobytes(), 7),
+    ]
+    assert all(created[2] == 0x1234 for created in library.created)  # the raw ncclComm_t
+    assert [call[5] for call in comm.calls] == [5, 5, 5, 5, 6, 7]
+    transport.close()
+    assert sorted(library.destroyed) == [(5, 0x1234), (6, 0x1234), (7, 0x1234)]
+
+
+def test_premul_cache_is_bounded():
+    transport, _, _, library = make()
+    for i in range(70):
+        transport.allreduce(1, 1, 1, F32, PreMulSum(1.0 + i), S)
+    assert len(library.destroyed) == 6 and library.destroyed[0] == (5, 0x1234)
+    transport.close()
+    assert len(library.destroyed) == 70
+
+
+# -- Pending: stream wait, host synchronisation, timeouts, async errors -------------------------
+
+
+def test_wait_orders_the_current_stream_only_when_it_differs():
+    transport, _, events, _ = make(current=77)
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S).wait(None)
+    assert events.waits == []  # ran on the current stream: nothing to do
+    events.current_pointer = 5
+    pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    pending.wait(None)
+    assert events.waits == [(5, events.recorded[-1])]
+
+
+def test_wait_never_blocks_the_host():
+    transport, _, events, _ = make(current=3)
+    events.auto_done = False
+    pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    started = time.monotonic()
+    pending.wait(time.monotonic() + 0.01)
+    assert time.monotonic() - started < 0.5
+    assert not pending.test()
+    events.recorded[-1].finished = True
+    assert pending.test()
+    pending.synchronize(time.monotonic() + 1)
+    transport.close()
+
+
+def test_synchronize_timeout_aborts():
+    transport, comm, events, _ = make()
+    events.auto_done = False
+    pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    with pytest.raises(CollectiveTimeoutError, match="aborted"):
+        pending.synchronize(time.monotonic() + 0.2)
+    assert comm.aborted and "did not complete" in transport.failure()
+    with pytest.raises(CollectiveTimeoutError):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    with pytest.raises(CollectiveTimeoutError):
+        pending.wait(None)
+    transport.close()
+    assert not comm.destroyed  # an aborted communicator has nothing left to destroy
+
+
+def test_async_error_is_raised_not_waited_out():
+    transport, comm, events, _ = make()
+    events.auto_done = False
+    pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    comm.async_error = "NCCL_ERROR_REMOTE_ERROR: remote process exited"
+    started = time.monotonic()
+    with pytest.raises(CommunicatorBrokenError, match="asynchronous error.*remote process exited"):
+        pending.synchronize(None)
+    assert time.monotonic() - started < 5 and comm.aborted
+
+
+def test_barrier_blocks_the_host():
+    transport, comm, events, _ = make(current=8)
+    pending = transport.barrier()
+    assert comm.calls[-1] == ("allReduce", 0xBEEF, 0xBEEF, 1, 2, 0, 8)
+    pending.wait(None)
+    events.auto_done = False
+    with pytest.raises(CollectiveTimeoutError):
+        transport.barrier().wait(time.monotonic() + 0.1)
+
+
+# -- the watchdog ------------------------------------------------------------------------------
+
+
+def test_watchdog_aborts_a_collective_nobody_waits_for():
+    transport, comm, events, _ = make(timeout=0.2)
+    events.auto_done = False
+    pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    pending.wait(None)  # the synchronous path: returns at once
+    assert wait_for(lambda: comm.aborted)
+    assert "did not complete within 0.2 s" in transport.failure()
+    with pytest.raises(CollectiveTimeoutError):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+
+
+def test_watchdog_reports_async_errors():
+    transport, comm, events, _ = make(timeout=None)
+    events.auto_done = False
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    comm.async_error = "NCCL_ERROR_SYSTEM_ERROR"
+    assert wait_for(lambda: comm.aborted)
+    assert "SYSTEM_ERROR" in transport.failure()
+    with pytest.raises(CommunicatorBrokenError):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+
+
+def test_watchdog_drops_finished_and_cancelled_work():
+    transport, comm, events, _ = make(timeout=0.3)
+    for _ in range(20):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    comm.fail_next = RuntimeError("NCCL_ERROR_INVALID_ARGUMENT")
+    with pytest.raises(RuntimeError):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    assert wait_for(lambda: transport._watchdog.in_flight == 0)
+    time.sleep(0.5)  # past the timeout: nothing is late, so nothing is aborted
+    assert transport.failure() is None and not comm.aborted
+    transport.close()
+    assert comm.destroyed
+
+
+def test_watchdog_counts_a_blocked_enqueue():
+    verdicts = []
+    dog = nccl.Watchdog(0.1, lambda event: True, lambda: None, lambda reason, late: verdicts.append((reason, late)), 0.01)
+    dog.begin("allreduce")  # never armed: the enqueue call is still inside NCCL
+    assert wait_for(lambda: verdicts)
+    assert verdicts[0][1] is True and "allreduce" in verdicts[0][0]
+    dog.close()
+
+
+def test_watchdog_cuda_error_while_polling():
+    transport, comm, events, _ = make(timeout=None)
+    events.auto_done = False
+    transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    events.broken_query = True
+    assert wait_for(lambda: comm.aborted)
+    assert "illegal memory access" in transport.failure()
+
+
+# -- split -------------------------------------------------------------------------------------
+
+
+def test_split():
+    transport, comm, _, _ = make(timeout=7.0)
+    part = transport.split(3, 1)
+    assert comm.calls[-1] == ("commSplit", 3, 1)
+    assert (part.size, part.device, part.timeout, part.version) == (1, 0, 7.0, VERSION)
+    assert transport.split(None, 0) is None and comm.calls[-1] == ("commSplit", -1, 0)
+    old, _, _, _ = make(version=nccl.version_code(2, 17, 1))
+    with pytest.raises(DenseCCLError, match="2.18"):
+        old.split(0, 0)
+
+
+# -- the Communicator over the NCCL transport ---------------------------------------------------
+
+
+class HostCAI:
+    """Host memory posing as device memory through __cuda_array_interface__."""
+
+    def __init__(self, array: np.ndarray, stream=None) -> None:
+        self.array = array
+        self.__cuda_array_interface__ = {
+            "shape": array.shape,
+            "strides": array.strides,
+            "typestr": array.dtype.str,
+            "data": (array.ctypes.data, False),
+            "version": 3,
+            "stream": stream,
+        }
+
+
+@pytest.fixture()
+def device_comm(monkeypatch):
+    monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
+    monkeypatch.setattr(arrays, "current_stream_pointer", lambda library, device: 55)
+    transport, fake, events, library = make(size=1, current=55)
+    communicator = Communicator(transport, SoloControl(), timeout=5.0)
+    communicator.fake = fake
+    communicator.events = events
+    yield communicator
+    communicator.close()
+
+
+def test_communicator_runs_spans_on_the_current_stream(device_comm):
+    base = np.zeros((4, 3), np.float32)
+    x = HostCAI(base.T[::-1])  # transposed and reversed: the span starts below the data pointer
+    span_start = base.ctypes.data
+    assert device_comm.allreduce(x, "avg") is x
+    assert device_comm.fake.calls[-1] == ("allReduce", span_start, span_start, 12, 7, 4, 55)
+    assert device_comm.events.waits == []
+    work = device_comm.allreduce(x, denseccl.PreMulSum(0.25), async_op=True, stream=SimpleNamespace(ptr=66))
+    assert device_comm.fake.calls[-1][-1] == 66
+    assert work.is_completed()
+    assert work.wait() is x
+    assert device_comm.events.waits == [(55, device_comm.events.recorded[-1])]  # current stream waits
+    assert work.synchronize() is x
+
+
+def test_communicator_uses_the_interface_stream(device_comm):
+    x = HostCAI(np.zeros(5, np.float64), stream=9)
+    device_comm.broadcast(x, 0)
+    assert device_comm.fake.calls[-1] == ("broadcast", x.array.ctypes.data, x.array.ctypes.data, 5, 8, 0, 9)
+
+
+def test_communicator_allgather_and_reduce_scatter_with_out(device_comm):
+    x = HostCAI(np.zeros((2, 3), np.complex64))
+    out = HostCAI(np.zeros((1, 2, 3), np.complex64))
+    assert device_comm.allgather(x, out=out) is out
+    assert device_comm.fake.calls[-1] == ("allGather", x.array.ctypes.data, out.array.ctypes.data, 12, 7, 55)
+    assert device_comm.reduce_scatter(out, "sum", out=x) is x
+    assert device_comm.fake.calls[-1] == ("reduceScatter", out.array.ctypes.data, x.array.ctypes.data, 12, 7, 0, 55)
+
+
+def test_communicator_refuses_before_calling_nccl(device_comm, monkeypatch):
+    with pytest.raises(LayoutError, match="pairs of reals"):
+        device_comm.allreduce(HostCAI(np.zeros(3, np.complex64)), "prod")
+    with pytest.raises(LayoutError, match="int16"):
+        device_comm.allreduce(HostCAI(np.zeros(3, np.int16)), "sum")
+    with pytest.raises(LayoutError, match="host"):
+        device_comm.allreduce(np.zeros(3, np.float32))
+    with pytest.raises(LayoutError, match="not a CUDA stream"):
+        device_comm.allreduce(HostCAI(np.zeros(3, np.float32)), stream="s")
+    with monkeypatch.context() as patch:
+        patch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 1)
+        with pytest.raises(LayoutError, match="cuda:1.*cuda:0"):
+            device_comm.allreduce(HostCAI(np.zeros(3, np.float32)))
+    assert device_comm.fake.calls == []
+    device_comm.broadcast(HostCAI(np.zeros(3, np.int16)), 0)  # moved as bytes
+    assert device_comm.fake.calls[-1][3:5] == (6, 1)
+
+
+def test_communicator_broken_by_the_watchdog(device_comm):
+    device_comm.events.auto_done = False
+    device_comm.transport.abort("NCCL allreduce did not complete within 5 s", timed_out=True)
+    with pytest.raises(CommunicatorBrokenError, match="did not complete"):
+        device_comm.allreduce(HostCAI(np.zeros(3, np.float32)))
+
+
+def test_communicator_work_synchronize_timeout(device_comm):
+    device_comm.events.auto_done = False
+    work = device_comm.allreduce(HostCAI(np.zeros(3, np.float32)), async_op=True)
+    assert not work.is_completed()
+    with pytest.raises(CollectiveTimeoutError):
+        work.synchronize(timeout=0.1)
+    assert device_comm.fake.aborted
+    with pytest.raises(CommunicatorBrokenError, match="timed out"):
+        device_comm.barrier()
+
+
+def test_communicator_split(device_comm):
+    part = device_comm.split(0, 0)
+    assert isinstance(part, Communicator) and part.size == 1 and part.backend == "nccl"
+    assert device_comm.split(None) is None
+    with pytest.raises(LayoutError):
+        device_comm.split(-2)
+
