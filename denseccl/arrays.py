@@ -82,10 +82,42 @@ def _layout_from_bytes(shape: Tuple[int, ...], byte_strides: Tuple[int, ...], it
     return layout
 
 
+def _numpy_pointer_reader() -> Any:
+    """A fast ``x -> x.ctypes.data`` (which costs ~2 us, the largest part of a small call).
+
+    CPython's ``id(x)`` is the object's address and NumPy's ``PyArrayObject_fields`` puts the
+    ``data`` pointer right after the object header. Used only when that reading agrees with
+    ``ctypes.data`` on probe arrays (views, offsets, empty and 0-d); else ``ctypes.data``.
+    """
+    fallback = lambda x: x.ctypes.data  # noqa: E731
+    if sys.implementation.name != "cpython":
+        return fallback
+    import ctypes  # noqa: PLC0415
+
+    read = ctypes.c_void_p.from_address
+    offset = object.__basicsize__
+
+    def pointer(x: np.ndarray) -> int:
+        return read(id(x) + offset).value or 0
+
+    base = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    probes = (base, base[1], base[:, ::-1, 1:], base.T, np.empty(0), np.zeros((), np.float32), base.view(np.uint8)[3:])
+    try:
+        if all(pointer(p) == p.ctypes.data for p in probes):
+            return pointer
+    except Exception:  # noqa: BLE001 - any surprise: use the documented way
+        pass
+    return fallback
+
+
+#: ``data_pointer(x)`` = ``x.ctypes.data`` for a NumPy array, ~10x faster.
+data_pointer = _numpy_pointer_reader()
+
+
 def _numpy_buffer(x: np.ndarray) -> Buffer:
     dtype = x.dtype
     layout = _layout_from_bytes(x.shape, x.strides, dtype.itemsize, _numpy_dtype_name(dtype))
-    return Buffer(x.ctypes.data, layout, HOST, "numpy", not x.flags.writeable, x)
+    return Buffer(data_pointer(x), layout, HOST, "numpy", not x.flags.writeable, x)
 
 
 _TORCH_NAMES: Dict[Any, str] = {}

@@ -8,6 +8,8 @@ rank raises and nobody is left waiting; nothing is written before agreement succ
 from __future__ import annotations
 
 import time
+
+import numpy as np
 from typing import Any, Optional, Tuple
 
 from . import arrays
@@ -17,6 +19,9 @@ from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLErr
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
 from .transports.base import DONE, ControlChannel, Pending, Transport
+from .plans import remember, replay
+
+_ndarray = np.ndarray
 
 
 class Work:
@@ -77,6 +82,8 @@ class Communicator:
         self.check = check
         self.timeout = timeout if timeout and timeout > 0 else None
         self._broken: Optional[str] = None
+        #: per-geometry plans of repeated synchronous in-place calls on NumPy arrays (plans.py)
+        self._plans: dict = {}
 
     def __repr__(self) -> str:
         state = f", broken: {self._broken}" if self._broken else ""
@@ -86,6 +93,12 @@ class Communicator:
 
     def allreduce(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
+        key = None
+        if out is None and type(x) is _ndarray and type(op) is str and not async_op and stream is None:
+            key = ("allreduce", x.shape, x.strides, x.dtype, op)
+            plan = self._plans.get(key)
+            if plan is not None and x.flags.writeable:
+                return replay(self, plan, x)
         self._usable()
         try:
             reduce_op = as_op(op)
@@ -99,11 +112,20 @@ class Communicator:
         self._agree(descriptor)
         count = source.layout.numel
         pending = self._guard(self.transport.allreduce, source.span_pointer, target.span_pointer, count, DTYPES[source.layout.dtype], reduce_op, stream) if count else DONE
+        if key is not None and count and not self.transport.device_memory:
+            transport, dtype = self.transport, DTYPES[source.layout.dtype]
+            remember(self._plans, key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
         return self._complete(pending, target.owner, async_op, (source, target))
 
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
         ``x``, ignore ``out`` and get ``x`` back."""
+        key = None
+        if out is None and type(x) is _ndarray and type(op) is str and type(root) is int and not async_op and stream is None:
+            key = ("reduce", x.shape, x.strides, x.dtype, op, root)
+            plan = self._plans.get(key)
+            if plan is not None and (self.rank != root or x.flags.writeable):
+                return replay(self, plan, x)
         self._usable()
         try:
             root = self._root(root)
@@ -122,10 +144,19 @@ class Communicator:
         count = source.layout.numel
         dtype = DTYPES[source.layout.dtype]
         pending = self._guard(self.transport.reduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream) if count else DONE
+        if key is not None and count and not self.transport.device_memory:
+            transport = self.transport
+            remember(self._plans, key, descriptor, source, transport.in_place("reduce", count, dtype, reduce_op, root))
         return self._complete(pending, target.owner, async_op, (source, target))
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
+        key = None
+        if type(x) is _ndarray and type(root) is int and not async_op and stream is None:
+            key = ("broadcast", x.shape, x.strides, x.dtype, root)
+            plan = self._plans.get(key)
+            if plan is not None and (self.rank == root or x.flags.writeable):
+                return replay(self, plan, x)
         self._usable()
         try:
             root = self._root(root)
@@ -138,6 +169,9 @@ class Communicator:
         self._agree(descriptor)
         count = buffer.layout.numel
         pending = self._guard(self.transport.broadcast, buffer.span_pointer, count, DTYPES[buffer.layout.dtype], root, stream) if count else DONE
+        if key is not None and count and not self.transport.device_memory:
+            transport, dtype = self.transport, DTYPES[buffer.layout.dtype]
+            remember(self._plans, key, descriptor, buffer, transport.in_place("broadcast", count, dtype, None, root))
         return self._complete(pending, buffer.owner, async_op, buffer)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:

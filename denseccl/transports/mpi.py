@@ -163,6 +163,25 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
+    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Pending]:
+        kind = None if op is None else op_kind(op)
+        if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
+            return super().in_place(collective, count, dtype, op, root)
+        nbytes, mpi_type, address = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.buffer.fromaddress
+        IN_PLACE = MPI.IN_PLACE
+        if collective == "allreduce":
+            start, mpi_op = self.comm.Iallreduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
+            return lambda a: MPIPending(start(IN_PLACE, [address(a, nbytes), count, mpi_type], mpi_op))
+        if collective == "reduce":
+            start, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
+            if self.rank == root:
+                return lambda a: MPIPending(start(IN_PLACE, [address(a, nbytes), count, mpi_type], mpi_op, root))
+            return lambda a: MPIPending(start([address(a, nbytes), count, mpi_type], None, mpi_op, root))
+        if collective == "broadcast":
+            start = self.comm.Ibcast
+            return lambda a: MPIPending(start([address(a, nbytes), count, mpi_type], root))
+        return super().in_place(collective, count, dtype, op, root)
+
     def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
         part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         return None if part == MPI.COMM_NULL else MPITransport(part)

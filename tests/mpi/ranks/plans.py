@@ -1,0 +1,92 @@
+"""Rank program: repeated calls (the plan fast path, denseccl/plans.py) behave exactly like
+first calls: right results on every layout and op, and every rank raises on a mismatch, a
+read-only input or a changed geometry after a plan exists; the communicator stays usable."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import denseccl
+
+comm = denseccl.init()
+rank, size = comm.rank, comm.size
+
+
+def layouts(shape=(2, 3, 4, 5), dtype=np.float32):
+    base = np.empty(shape, dtype)
+    yield "contiguous", base
+    yield "channels_last", np.empty((2, 4, 5, 3), dtype).transpose(0, 3, 1, 2)
+    yield "reversed", np.empty(shape, dtype)[::-1, :, ::-1, :]
+    yield "transposed", np.empty(shape[::-1], dtype).T
+
+
+def values(r, shape, salt=0):
+    return ((np.arange(int(np.prod(shape))).reshape(shape) * 3 + r * 7 + salt) % 11 - 5).astype(np.float64)
+
+
+for check in (True, False):
+    comm.check = check
+    for name, x in layouts():
+        for op, combine in (("sum", np.add), ("max", np.maximum), ("avg", None), ("prod", np.multiply)):
+            for it in range(3):  # first call plans, the next ones replay
+                x[...] = values(rank, x.shape, it)
+                got = comm.allreduce(x, op)
+                assert got is x
+                stack = np.stack([values(r, x.shape, it) for r in range(size)])
+                want = stack.mean(0) if op == "avg" else combine.reduce(stack, 0)
+                assert np.allclose(x, want), (name, op, it)
+        for root in range(size):
+            for it in range(3):
+                x[...] = values(rank, x.shape, it)
+                comm.reduce(x, root, "sum")
+                want = sum(values(r, x.shape, it) for r in range(size)) if rank == root else values(rank, x.shape, it)
+                assert np.array_equal(x, want), (name, "reduce", root, it)
+                x[...] = values(rank, x.shape, it)
+                comm.broadcast(x, root)
+                assert np.array_equal(x, values(root, x.shape, it)), (name, "broadcast", root, it)
+    for dtype in (np.float16, np.int32):
+        x = np.empty((4, 6), dtype).T
+        for it in range(3):
+            x[...] = values(rank, x.shape, it)
+            comm.allreduce(x)
+            assert np.array_equal(x, sum(values(r, x.shape, it) for r in range(size))), dtype
+assert comm._plans, "repeated calls left no plan"
+
+# after a plan exists, disagreement still raises on every rank and the communicator survives
+comm.check = True
+x = np.zeros((3, 8), np.float32)
+comm.allreduce(x, "sum")
+comm.allreduce(x, "max")
+try:
+    comm.allreduce(x, "sum" if rank == 0 else "max")
+except denseccl.MismatchError as error:
+    assert "op" in str(error)
+else:
+    raise AssertionError("no MismatchError for different ops after planning")
+
+y = np.zeros((3, 8), np.float32)
+if rank == 0:
+    y.flags.writeable = False
+try:
+    comm.allreduce(y)
+except denseccl.LayoutError:
+    assert rank == 0
+except denseccl.MismatchError:
+    assert rank != 0
+else:
+    raise AssertionError("a read-only input after planning did not raise")
+
+z = np.zeros((3, 8), np.float32) if rank else np.zeros((8, 3), np.float32).T
+try:
+    comm.allreduce(z)
+except denseccl.MismatchError as error:
+    assert "layout" in str(error)
+else:
+    raise AssertionError("different layouts after planning did not raise")
+
+for _ in range(2):
+    x[...] = rank + 1
+    comm.allreduce(x)
+    assert np.all(x == size * (size + 1) / 2)
+comm.close()
+print(f"rank {rank}: plans OK", flush=True)

@@ -1,0 +1,18 @@
+"""Repeated calls take the plan fast path (denseccl/plans.py); it must behave exactly like the
+full path on real ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.ranks import run_ranks
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_repeated_calls_match_first_calls(nranks: int) -> None:
+    done = run_ranks(nranks, Path(__file__).parent / "ranks" / "plans.py", timeout=120, env={"DENSECCL_TIMEOUT": "20"})
+    assert done.stdout.count("plans OK") == nranks, done.stdout
