@@ -1,0 +1,221 @@
+"""All-to-all and point-to-point for CPU tensors, which denseccl's core does not offer.
+
+They run on an MPI duplicate owned by the process group, as bytes in row-major order: a tensor
+that is not row-major is staged through a contiguous copy, so the layouts of sender and
+receiver need not agree (each side keeps its own). Before an all-to-all the ranks exchange
+their split sizes, dtypes and row shapes on the agreement channel (with its timeout) and every
+rank raises if they are inconsistent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+from mpi4py import MPI
+
+from ..errors import LayoutError, MismatchError
+from .work import RequestStep
+
+if TYPE_CHECKING:
+    from .process_group import ProcessGroupDenseCCL
+
+Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
+
+
+def _bytes(t: torch.Tensor) -> Any:
+    """The memory of a contiguous tensor as a buffer mpi4py accepts."""
+    return MPI.buffer.fromaddress(t.data_ptr() if t.numel() else 0, t.numel() * t.element_size())
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _receive_buffer(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _displacements(counts: Sequence[int]) -> List[int]:
+    out, running = [], 0
+    for count in counts:
+        out.append(running)
+        running += count
+    return out
+
+
+def _exchange_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, problem: Optional[str]) -> List[dict]:
+    """Every rank's plan (or its local problem), via the agreement channel; raise on every rank
+    if any rank had a problem."""
+    host = group.host_communicator
+    assert host is not None
+    deadline = None if host.timeout is None else time.monotonic() + host.timeout
+    mine = json.dumps({"plan": plan, "problem": problem}).encode()
+    entries = [json.loads(raw) for raw in host.control.allgather_bytes(mine, deadline)]
+    problems = [(r, e["problem"]) for r, e in enumerate(entries) if e["problem"]]
+    if problem is not None:
+        raise LayoutError(f"{what}: {problem}")
+    if problems:
+        listed = "; ".join(f"rank {r}: {p}" for r, p in problems)
+        raise MismatchError(f"{what} mismatch: a peer's input failed validation ({listed}). Nothing was sent")
+    return [e["plan"] for e in entries]
+
+
+def _check_pairs(what: str, plans: List[dict], sends: str, receives: str) -> None:
+    """Rank j must receive from rank r what rank r sends to j; dtypes (and row shapes) equal."""
+    lines = []
+    dtypes = {p["dtype"] for p in plans}
+    if len(dtypes) > 1:
+        lines.append("dtypes differ: " + ", ".join(f"rank {r} {p['dtype']}" for r, p in enumerate(plans)))
+    rows = {tuple(p.get("row", ())) for p in plans}
+    if len(rows) > 1:
+        lines.append("row shapes differ: " + ", ".join(f"rank {r} {tuple(p.get('row', ()))}" for r, p in enumerate(plans)))
+    for r, plan in enumerate(plans):
+        for j, count in enumerate(plan[sends]):
+            expected = plans[j][receives][r]
+            if count != expected:
+                lines.append(f"rank {r} sends {count} to rank {j}, which expects {expected}")
+    if lines:
+        raise MismatchError(
+            f"{what} mismatch: " + "; ".join(lines[:8]) + (" ..." if len(lines) > 8 else "")
+            + ". Every rank's input split sizes must equal the receivers' output split sizes. Nothing was sent"
+        )
+
+
+def all_to_all_single(group: "ProcessGroupDenseCCL", mpi: Any, output: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]) -> Issue:
+    size = group._group_size
+
+    def issue() -> Tuple[List[Any], Callable[[], Any]]:
+        problem = None
+        plan: dict = {}
+        try:
+            if output.dtype != inp.dtype:
+                raise LayoutError(f"output dtype {output.dtype} differs from input dtype {inp.dtype}")
+            if inp.dim() == 0 or output.dim() == 0:
+                raise LayoutError("input and output need a dim 0 to split")
+            if tuple(inp.shape[1:]) != tuple(output.shape[1:]):
+                raise LayoutError(f"input rows {tuple(inp.shape[1:])} and output rows {tuple(output.shape[1:])} differ")
+            ins = _splits(in_splits, inp.shape[0], size, "input")
+            outs = _splits(out_splits, output.shape[0], size, "output")
+            plan = {"dtype": str(inp.dtype), "row": list(inp.shape[1:]), "send": ins, "recv": outs}
+        except LayoutError as error:
+            problem = str(error)
+        plans = _exchange_plans(group, "all_to_all_single", plan, problem)
+        _check_pairs("all_to_all_single", plans, "send", "recv")
+        row = _row_bytes(inp)
+        source, target = _row_major(inp), _receive_buffer(output)
+        send_counts = [n * row for n in plan["send"]]
+        recv_counts = [n * row for n in plan["recv"]]
+        request = mpi.Ialltoallv(
+            [_bytes(source), (send_counts, _displacements(send_counts)), MPI.BYTE],
+            [_bytes(target), (recv_counts, _displacements(recv_counts)), MPI.BYTE],
+        )
+
+        def finish() -> List[torch.Tensor]:
+            if target is not output:
+                output.copy_(target)
+            return [output]
+
+        return [RequestStep(request, "all_to_all_single", keep=(source, target))], finish
+
+    return issue
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    n = 1
+    for s in t.shape[1:]:
+        n *= s
+    return n * t.element_size()
+
+
+def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
+    if not splits:
+        if rows % size:
+            raise LayoutError(f"{what} dim 0 ({rows}) does not divide by the {size} ranks; pass split sizes")
+        return [rows // size] * size
+    if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise LayoutError(f"{what} split sizes {splits} must be {size} non-negative numbers summing to dim 0 ({rows})")
+    return [int(s) for s in splits]
+
+
+def alltoall(group: "ProcessGroupDenseCCL", mpi: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
+    size = group._group_size
+
+    def issue() -> Tuple[List[Any], Callable[[], Any]]:
+        problem = None
+        plan: dict = {}
+        try:
+            if len(outputs) != size or len(inputs) != size:
+                raise LayoutError(f"all_to_all needs {size} input and {size} output tensors, got {len(inputs)} and {len(outputs)}")
+            dtypes = {t.dtype for t in outputs + inputs}
+            if len(dtypes) != 1:
+                raise LayoutError(f"all_to_all tensors have different dtypes {sorted(map(str, dtypes))}")
+            plan = {"dtype": str(inputs[0].dtype), "send": [t.numel() for t in inputs], "recv": [t.numel() for t in outputs]}
+        except LayoutError as error:
+            problem = str(error)
+        plans = _exchange_plans(group, "all_to_all", plan, problem)
+        _check_pairs("all_to_all", plans, "send", "recv")
+        itemsize = inputs[0].element_size()
+        source = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0)
+        target = torch.empty(sum(plan["recv"]), dtype=outputs[0].dtype)
+        send_counts = [n * itemsize for n in plan["send"]]
+        recv_counts = [n * itemsize for n in plan["recv"]]
+        request = mpi.Ialltoallv(
+            [_bytes(source), (send_counts, _displacements(send_counts)), MPI.BYTE],
+            [_bytes(target), (recv_counts, _displacements(recv_counts)), MPI.BYTE],
+        )
+
+        def finish() -> List[torch.Tensor]:
+            offset = 0
+            for out in outputs:
+                n = out.numel()
+                out.copy_(target[offset : offset + n].view(out.shape))
+                offset += n
+            return outputs
+
+        return [RequestStep(request, "all_to_all", keep=(source, target))], finish
+
+    return issue
+
+
+def send(mpi: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
+    def issue() -> Tuple[List[Any], Callable[[], Any]]:
+        if len(tensors) != 1:
+            raise LayoutError(f"send takes one tensor, got {len(tensors)}")
+        source = _row_major(tensors[0])
+        request = mpi.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag)
+        return [RequestStep(request, f"send to rank {dst}", keep=source)], lambda: tensors
+
+    return issue
+
+
+def recv(mpi: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[Issue, Callable[[], int]]:
+    """``src`` < 0 receives from any source."""
+    steps: List[RequestStep] = []
+
+    def issue() -> Tuple[List[Any], Callable[[], Any]]:
+        if len(tensors) != 1:
+            raise LayoutError(f"recv takes one tensor, got {len(tensors)}")
+        out = tensors[0]
+        target = _receive_buffer(out)
+        source = MPI.ANY_SOURCE if src < 0 else src
+        step = RequestStep(mpi.Irecv([_bytes(target), MPI.BYTE], source=source, tag=tag), "recv", keep=target)
+        steps.append(step)
+
+        def finish() -> List[torch.Tensor]:
+            got = step.status.Get_count(MPI.BYTE)
+            wanted = out.numel() * out.element_size()
+            if got != wanted:
+                raise LayoutError(
+                    f"recv from rank {step.status.Get_source()} got {got} bytes into a tensor of {wanted} bytes "
+                    f"({out.dtype}, shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
+                )
+            if target is not out:
+                out.copy_(target)
+            return tensors
+
+        return [step], finish
+
+    return issue, lambda: steps[0].status.Get_source()

@@ -1,0 +1,113 @@
+"""Layout helpers on torch tensors, built on the pure rules of :mod:`denseccl.layout`.
+
+A dense tensor's elements fill one block of ``numel`` consecutive elements (its span) in some
+permuted order; these helpers read that order, allocate tensors that keep it, and view the
+dim-0 concatenated buffers of ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` as the
+stacked buffers denseccl moves.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import LayoutError
+from ..layout import Layout, contiguous_strides, is_non_overlapping_and_dense, layout_key, physical_order, stacked_problem
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense by denseccl's rule (size-1 dims ignored, empty is dense)."""
+    return is_non_overlapping_and_dense(tuple(t.shape), t.stride())
+
+
+def key_of(t: torch.Tensor) -> tuple:
+    """The layout key: dtype name, shape, and strides with size-1 dims wildcarded."""
+    return layout_key(str(t.dtype).rpartition(".")[2], tuple(t.shape), t.stride())
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and strides, strides of size-1 dims excepted."""
+    return key_of(a) == key_of(b)
+
+
+def dense_strides_like(t: torch.Tensor, shape: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
+    """Strides of a dense layout that lays out ``shape`` (default ``t.shape``) in ``t``'s
+    physical dim order: ``t``'s own strides when ``t`` is dense, the closest dense layout when
+    it has gaps (``x[::2]`` -> row-major, a gapped channels-last view -> channels-last)."""
+    if shape is None:
+        if is_dense(t):
+            return t.stride()
+        shape = tuple(t.shape)
+    return contiguous_strides(tuple(shape), physical_order(tuple(t.shape), t.stride()))
+
+
+def empty_like_layout(t: torch.Tensor, shape: Optional[Sequence[int]] = None, *, device: Optional[torch.device] = None) -> torch.Tensor:
+    """A new tensor with ``t``'s dtype and dense strides in ``t``'s dim order (see
+    :func:`dense_strides_like`), on ``device`` (default ``t.device``)."""
+    shape = tuple(t.shape) if shape is None else tuple(shape)
+    return torch.empty_strided(shape, dense_strides_like(t, shape), dtype=t.dtype, device=device or t.device)
+
+
+def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
+    """``x`` itself when it already has the dense ``strides`` (size-1 dims excepted), else a
+    copy of ``x`` with them. Differentiable, so it also serves gradients built with
+    ``create_graph=True``."""
+    shape = tuple(x.shape)
+    strides = tuple(strides)
+    if layout_key("", shape, x.stride()) == layout_key("", shape, strides):
+        return x
+    order = physical_order(shape, strides)
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    # permute into the target's memory order, make that row-major, permute back
+    return x.permute(order).contiguous().permute(inverse)
+
+
+def span_view(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a dense tensor's storage span (torch strides are never negative, so the
+    span starts at the tensor's storage offset)."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
+
+
+def stacked_view(buffer: torch.Tensor, block_shape: Sequence[int], size: int, what: str) -> torch.Tensor:
+    """``buffer`` (a dim-0 concatenated ``(size * d0, *rest)`` or stacked ``(size, *block)``
+    tensor) viewed as ``(size, *block_shape)``. Splitting dim 0 is always a view."""
+    block_shape = tuple(block_shape)
+    shape = tuple(buffer.shape)
+    stacked_shape = (size, *block_shape)
+    concatenated = (size * block_shape[0], *block_shape[1:]) if block_shape else (size,)
+    if shape not in (stacked_shape, concatenated):
+        raise LayoutError(
+            f"{what} has shape {shape}, but for {size} ranks of blocks of shape {block_shape} it must have "
+            f"shape {concatenated} (blocks concatenated along dim 0) or {stacked_shape} (stacked)"
+        )
+    return buffer.view(stacked_shape)
+
+
+def is_stacked(view: torch.Tensor, size: int) -> bool:
+    """Whether a ``(size, *block)`` view is a stacked buffer denseccl can move directly: dense,
+    blocks one after another in memory (dim 0 outermost)."""
+    layout = Layout(tuple(view.shape), view.stride(), view.element_size(), "t")
+    return layout.is_dense and stacked_problem(layout, size) is None
+
+
+def staging_stack(view: torch.Tensor, size: int) -> torch.Tensor:
+    """An empty stacked buffer for a ``(size, *block)`` view whose dim 0 is not outermost: the
+    blocks are laid out in the view's block dim order (a function of the input's layout only,
+    so ranks with equal layouts stage equally)."""
+    block_shape = tuple(view.shape[1:])
+    block_strides = contiguous_strides(block_shape, physical_order(block_shape, view.stride()[1:]))
+    numel = 1
+    for s in block_shape:
+        numel *= s
+    return torch.empty_strided((size, *block_shape), (numel, *block_strides), dtype=view.dtype, device=view.device)
+
+
+def not_dense_message(name: str, t: torch.Tensor) -> str:
+    return (
+        f"{name} (shape {tuple(t.shape)}, strides {t.stride()}) is not non-overlapping and dense: it has gaps "
+        "or repeats elements. Pass a dense tensor (t.contiguous(), or t.clone(memory_format=...)) and copy "
+        "the result back if you need it there"
+    )

@@ -1,0 +1,126 @@
+"""Layout-preserving flat buckets: many tensors in one flat buffer per (device, dtype), each
+tensor occupying a run of the buffer that holds its storage span in its own memory order.
+
+``torch._utils._flatten_dense_tensors`` flattens each tensor in *logical* (row-major) order, so
+a channels-last weight is transposed on the way in and comes back out row-major. Here a dense
+tensor's span is copied as it lies in memory, and the bucket hands back views with the original
+strides (:meth:`Bucket.views`), so nothing is transposed and unpacking is a plain copy of runs.
+A tensor with gaps is packed in the closest dense layout of its own dim order.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from ._tensors import dense_strides_like
+
+
+class Slot(NamedTuple):
+    """Where one tensor lives in a bucket."""
+
+    index: int  # position in the list given to pack()
+    offset: int  # element offset of its span in the flat buffer
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class Bucket:
+    """A flat 1-D buffer and the slots of the tensors packed into it."""
+
+    __slots__ = ("flat", "slots")
+
+    def __init__(self, flat: torch.Tensor, slots: List[Slot]) -> None:
+        self.flat = flat
+        self.slots = slots
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.flat.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.flat.device
+
+    def view(self, slot: Slot, flat: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The tensor of ``slot``, a view into ``flat`` (default this bucket's buffer) with the
+        packed tensor's shape and strides."""
+        flat = self.flat if flat is None else flat
+        return flat.as_strided(slot.shape, slot.strides, flat.storage_offset() + slot.offset)
+
+    def views(self, flat: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        """Every slot's view, in slot order (see :meth:`view`)."""
+        return [self.view(slot, flat) for slot in self.slots]
+
+    def like(self, flat: torch.Tensor) -> "Bucket":
+        """The same slots over another flat buffer (e.g. a copy of this one on another device)."""
+        if flat.dim() != 1 or flat.numel() != self.flat.numel() or flat.dtype != self.flat.dtype:
+            raise ValueError(f"a bucket of {self.flat.numel()} {self.flat.dtype} elements cannot view {tuple(flat.shape)} {flat.dtype}")
+        return Bucket(flat, self.slots)
+
+
+def plan(tensors: Sequence[torch.Tensor], *, bucket_elements: Optional[int] = None) -> List[Tuple[Tuple[torch.device, torch.dtype], List[Slot]]]:
+    """Group tensors by (device, dtype), in order, and give each a run of its group's buffer.
+    With ``bucket_elements``, a group is split into buckets of about that many elements."""
+    order: List[Tuple[Tuple[torch.device, torch.dtype], List[Slot]]] = []
+    open_runs: Dict[Tuple[torch.device, torch.dtype], Tuple[List[Slot], List[int]]] = {}
+    for index, t in enumerate(tensors):
+        group_key = (t.device, t.dtype)
+        current = open_runs.get(group_key)
+        if current is None or (bucket_elements is not None and current[1][0] >= bucket_elements):
+            current = open_runs[group_key] = ([], [0])
+            order.append((group_key, current[0]))
+        slots, filled = current
+        slot = Slot(index, filled[0], tuple(t.shape), dense_strides_like(t))
+        slots.append(slot)
+        filled[0] += slot.numel
+    return order
+
+
+def pack(
+    tensors: Sequence[torch.Tensor],
+    *,
+    like: Optional[Sequence[torch.Tensor]] = None,
+    bucket_elements: Optional[int] = None,
+    device: Optional[torch.device] = None,
+) -> List[Bucket]:
+    """Copy ``tensors`` into flat buckets (one per device and dtype, or of about
+    ``bucket_elements`` each). Each slot has the layout of ``like[i]`` (default: of
+    ``tensors[i]`` itself), so a tensor that already has it is copied as one run. ``device``
+    places the buckets on another device."""
+    templates = tensors if like is None else like
+    if len(templates) != len(tensors):
+        raise ValueError(f"pack: {len(tensors)} tensors but {len(templates)} layouts")
+    buckets = []
+    for (source_device, dtype), slots in plan(templates, bucket_elements=bucket_elements):
+        numel = sum(slot.numel for slot in slots)
+        flat = torch.empty(numel, dtype=dtype, device=device or source_device)
+        bucket = Bucket(flat, slots)
+        for slot in slots:
+            bucket.view(slot).copy_(tensors[slot.index])
+        buckets.append(bucket)
+    return buckets
+
+
+def unpack(buckets: Iterable[Bucket], into: Sequence[torch.Tensor]) -> None:
+    """Copy every slot back into its tensor ``into[slot.index]`` (same layout: a copy of runs)."""
+    for bucket in buckets:
+        for slot in bucket.slots:
+            into[slot.index].copy_(bucket.view(slot))
+
+
+def unpacked(buckets: Iterable[Bucket], count: int) -> List[torch.Tensor]:
+    """The slots' views as a list indexed like the packed tensors (``count`` of them)."""
+    out: List[Optional[torch.Tensor]] = [None] * count
+    for bucket in buckets:
+        for slot, view in zip(bucket.slots, bucket.views()):
+            out[slot.index] = view
+    return out  # type: ignore[return-value]

@@ -1,0 +1,190 @@
+"""``denseccl.torch.DataParallel``: ``nn.DataParallel`` whose replicas keep the parameters'
+memory layouts.
+
+``nn.DataParallel`` replicates with ``comm.broadcast_coalesced``, which flattens every tensor in
+logical order and unflattens row-major: a channels-last conv weight becomes a row-major replica
+(its convolutions then pick other kernels or transpose), and its gradient, reduced by
+``reduce_add_coalesced`` in the same way, arrives row-major and is copied once more by
+``AccumulateGrad`` to obey the parameter's layout.
+
+Here both directions go through layout-preserving flat buckets (:mod:`denseccl.torch.buckets`):
+each tensor's storage span is one run of a bucket, so a replica is a view of the copied bucket
+with the original's strides, and the reduced gradients are views with the parameters' strides
+(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic, so the
+layout logic runs (and is tested) on the CPU; the GPU path is the same code with CUDA devices.
+On a machine without GPUs the class behaves exactly like ``nn.DataParallel`` there: it runs the
+module.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+
+import torch
+from torch import nn
+
+from . import buckets
+
+DeviceLike = Union[int, str, torch.device]
+M = TypeVar("M", bound=nn.Module)
+
+
+def as_device(device: DeviceLike) -> torch.device:
+    """A torch.device; a bare index means a CUDA device, as in nn.DataParallel."""
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[DeviceLike]) -> List[List[torch.Tensor]]:
+    """Copies of ``tensors`` on each of ``devices``, with the originals' strides: one flat
+    bucket per dtype is copied to each device and sliced into views. On a device holding
+    the originals, the originals themselves are returned (as torch's broadcast does)."""
+    devices = [as_device(d) for d in devices]
+    if not tensors:
+        return [[] for _ in devices]
+    packed = buckets.pack(tensors)
+    count = len(tensors)
+    copies = []
+    for device in devices:
+        if all(_same_device(t.device, device) for t in tensors) and not copies:
+            copies.append(list(tensors))
+            continue
+        moved = [bucket.like(bucket.flat.to(device, non_blocking=True, copy=True)) for bucket in packed]
+        copies.append(buckets.unpacked(moved, count))
+    return copies
+
+
+def reduce_add_coalesced(inputs: Sequence[Sequence[torch.Tensor]], destination: DeviceLike, like: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Sum ``inputs[d][i]`` over devices ``d`` onto ``destination``. Result ``i`` has
+    ``like[i]``'s layout: every device's tensors are packed into buckets with those layouts
+    (a run copy for tensors that already have them), the buckets are summed, and the results
+    are views of the summed buckets."""
+    destination = as_device(destination)
+    total: Optional[List[buckets.Bucket]] = None
+    for per_device in inputs:
+        source = per_device[0].device if per_device else destination
+        packed = buckets.pack(list(per_device), like=like, device=source)  # new buffers: ours to add into
+        if total is None:
+            total = packed if _same_device(source, destination) else [b.like(b.flat.to(destination)) for b in packed]
+        else:
+            for acc, bucket in zip(total, packed):
+                acc.flat.add_(bucket.flat.to(destination, non_blocking=True))
+    return [] if total is None else buckets.unpacked(total, len(like))
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        index = torch.cuda.current_device
+        return (a.index if a.index is not None else index()) == (b.index if b.index is not None else index())
+    return a.index == b.index or a.index is None or b.index is None
+
+
+class _Broadcast(torch.autograd.Function):
+    """Replicate tensors to devices keeping strides; backward reduces the replicas' grads into
+    grads with the originals' strides."""
+
+    @staticmethod
+    def forward(ctx: Any, devices: Sequence[torch.device], *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.source = tensors[0].device if tensors else torch.device("cpu")
+        ctx.count = len(tensors)
+        ctx.save_for_backward(*tensors)
+        copies = broadcast_coalesced(tensors, devices)
+        # a replica that is the original itself comes out as a new tensor object (a view)
+        outputs = [out.view_as(out) if out is tensors[i] else out for per_device in copies for i, out in enumerate(per_device)]
+        ctx.mark_non_differentiable(*[out for k, out in enumerate(outputs) if not tensors[k % ctx.count].requires_grad])
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        originals = ctx.saved_tensors
+        n = ctx.count
+        per_device = [list(grads[i : i + n]) for i in range(0, len(grads), n)]
+        reduced = reduce_add_coalesced(per_device, ctx.source, originals)
+        return (None, *reduced)
+
+
+def _broadcast(tensors: Sequence[torch.Tensor], devices: Sequence[torch.device], detach: bool) -> List[List[torch.Tensor]]:
+    if not tensors:
+        return [[] for _ in devices]
+    if detach:
+        with torch.no_grad():
+            return broadcast_coalesced([t.detach() for t in tensors], devices)
+    flat = _Broadcast.apply(list(devices), *tensors)
+    n = len(tensors)
+    return [list(flat[i : i + n]) for i in range(0, len(flat), n)]
+
+
+def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -> List[M]:
+    """Replicas of ``network`` on ``devices`` (like ``torch.nn.parallel.replicate``) whose
+    parameters and buffers keep the originals' strides; gradients flow back to the original
+    parameters through a layout-preserving coalesced reduce. ``devices`` may be CUDA indices or
+    any torch devices (CPU devices too, which is how the layout logic is tested)."""
+    devices = [as_device(d) for d in devices]
+    if not devices:
+        return []
+    params = list(network.parameters())
+    param_index = {id(p): i for i, p in enumerate(params)}
+    param_copies = _broadcast(params, devices, detach)
+
+    buffers = list(network.buffers())
+    with_grad = [b for b in buffers if b.requires_grad and not detach]
+    without_grad = [b for b in buffers if not (b.requires_grad and not detach)]
+    index_with = {id(b): i for i, b in enumerate(with_grad)}
+    index_without = {id(b): i for i, b in enumerate(without_grad)}
+    copies_with = _broadcast(with_grad, devices, detach=False)
+    copies_without = _broadcast(without_grad, devices, detach=True)
+
+    modules = list(network.modules())
+    module_index = {id(m): i for i, m in enumerate(modules)}
+    replicas: List[List[nn.Module]] = [[] for _ in devices]
+    for module in modules:
+        for j in range(len(devices)):
+            replica = module._replicate_for_data_parallel()
+            replica._former_parameters = OrderedDict()  # what DDP-style code reads, as torch does
+            replicas[j].append(replica)
+
+    for i, module in enumerate(modules):
+        for key, child in module._modules.items():
+            for j in range(len(devices)):
+                if child is None:
+                    replicas[j][i]._modules[key] = None
+                else:
+                    setattr(replicas[j][i], key, replicas[j][module_index[id(child)]])
+        for key, param in module._parameters.items():
+            for j in range(len(devices)):
+                replica = replicas[j][i]
+                if param is None:
+                    replica._parameters[key] = None
+                else:
+                    copy = param_copies[j][param_index[id(param)]]
+                    setattr(replica, key, copy)  # not a leaf: a plain attribute, as in torch
+                    replica._former_parameters[key] = copy
+        for key, buf in module._buffers.items():
+            for j in range(len(devices)):
+                replica = replicas[j][i]
+                if buf is None:
+                    replica._buffers[key] = None
+                elif id(buf) in index_with:
+                    setattr(replica, key, copies_with[j][index_with[id(buf)]])
+                else:
+                    setattr(replica, key, copies_without[j][index_without[id(buf)]])
+    return [replicas[j][0] for j in range(len(devices))]  # type: ignore[misc]
+
+
+class DataParallel(nn.DataParallel):
+    """Drop-in for ``torch.nn.DataParallel(module, device_ids, output_device, dim)`` whose
+    replicas keep the parameters' memory layouts (channels-last stays channels-last) and whose
+    gradient reduction is a layout-preserving coalesced reduce. Scatter, parallel apply and
+    gather are torch's. Without GPUs it runs the module, as ``nn.DataParallel`` does."""
+
+    def replicate(self, module: M, device_ids: Sequence[DeviceLike]) -> List[M]:  # type: ignore[override]
+        return replicate(module, device_ids, not torch.is_grad_enabled())
+
+
+__all__ = ["DataParallel", "broadcast_coalesced", "reduce_add_coalesced", "replicate"]

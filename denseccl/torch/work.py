@@ -1,0 +1,305 @@
+"""torch Work objects for denseccl operations, and the progress thread that completes them.
+
+A torch collective maps to one or more *steps* (denseccl ``Work`` objects, or MPI requests for
+the point-to-point and all-to-all extras) plus a host-side *finish* (copying a staged result
+into the user's tensors). Two ways to completion:
+
+- ``opts.asyncOp`` false (``dist.all_reduce(..., async_op=False)``): the steps are waited on at
+  once and torch gets a Work built from an already completed future
+  (``_create_work_from_future``).
+- otherwise (``async_op=True``, DDP's reducer, FSDP): torch gets an :class:`AsyncWork` whose
+  ``torch.futures.Future`` the group's :class:`Progress` thread completes when the steps have
+  completed. Callers that block in C++ on that future (DDP's ``finalize_backward``) are woken by
+  that thread; a Python ``wait()`` drives the steps itself and returns sooner.
+
+Only one thread at a time tests a step (one lock per group), as MPI requires of a request.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import threading
+import time
+import weakref
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from ..transports.base import wait_until
+
+
+class Step:
+    """What a step must offer: ``is_completed()`` (never blocks) and ``wait(timeout)``.
+    denseccl's ``Work`` has both; MPI requests are adapted by :class:`RequestStep`."""
+
+    def is_completed(self) -> bool:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def wait(self, timeout: Optional[float] = None) -> Any:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+class Operation:
+    """One torch-level call in flight: its steps, its finish, its future."""
+
+    __slots__ = ("name", "steps", "finish", "future", "deadline", "done", "__weakref__")
+
+    def __init__(self, name: str, steps: Sequence[Any], finish: Callable[[], Any], future: torch.futures.Future, deadline: Optional[float]) -> None:
+        self.name = name
+        self.steps = list(steps)
+        self.finish = finish
+        self.future = future
+        self.deadline = deadline
+        self.done = False
+
+
+def new_future(device: Optional[torch.device]) -> torch.futures.Future:
+    if device is not None and device.type == "cuda":
+        return torch.futures.Future(devices=[device])
+    return torch.futures.Future()
+
+
+class Progress:
+    """Completes the futures of one process group's operations, in a daemon thread started on
+    the first asynchronous operation."""
+
+    #: Seconds between polls while operations are in flight (MPI progresses only inside MPI
+    #: calls, so polling also moves the data of long transfers along).
+    POLL = 100e-6
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # held while testing or waiting on steps; reentrant because a future's callbacks run
+        # where it is completed and may wait on other operations
+        self.lock = threading.RLock()
+        self._wake = threading.Condition()
+        self._inflight: List[Operation] = []
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        _LIVE.add(self)
+
+    # -- called by the process group --------------------------------------------------------
+
+    def submit(self, operation: Operation) -> None:
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError(f"{self.name}: the process group has been shut down")
+            self._inflight.append(operation)
+            if self._thread is None:
+                _register_exit_hook()
+                self._thread = threading.Thread(target=self._run, name=f"{self.name}-progress", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def wait(self, operation: Operation, timeout: Optional[float] = None) -> None:
+        """Block until ``operation`` has completed, driving its steps from this thread;
+        re-raise its error."""
+        if not operation.done:
+            with self.lock:
+                if not operation.done:
+                    self._finish(operation, blocking=True, timeout=timeout)
+        # raises the operation's error; for CUDA tensors it also makes this thread's current
+        # stream wait for the finish (which may have run on the progress thread's stream)
+        operation.future.wait()
+
+    def test(self, operation: Operation) -> bool:
+        if operation.done:
+            return operation.future.done()
+        if self.lock.acquire(blocking=False):
+            try:
+                if not operation.done:
+                    self._finish(operation, blocking=False)
+            finally:
+                self.lock.release()
+        return operation.done and operation.future.done()
+
+    def stop(self) -> None:
+        """Finish what is in flight (best effort) and stop the thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _finish(self, operation: Operation, *, blocking: bool, timeout: Optional[float] = None) -> None:
+        """With ``self.lock`` held: complete ``operation`` if its steps are done (all of them,
+        waiting when ``blocking``), run its finish and settle its future."""
+        try:
+            if blocking:
+                for step in operation.steps:
+                    step.wait(timeout)
+            else:
+                for step in operation.steps:
+                    if not step.is_completed():
+                        if operation.deadline is not None and time.monotonic() > operation.deadline:
+                            step.wait(0)  # raises CollectiveTimeoutError, marks the communicator broken
+                            continue
+                        return
+                    step.wait()  # completed: releases what the step kept alive
+            value = operation.finish()
+        except BaseException as error:  # noqa: BLE001 - the future carries it to every waiter
+            operation.done = True
+            operation.future.set_exception(error)
+            return
+        operation.done = True
+        operation.future.set_result(value)
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            with self._wake:
+                while not self._inflight and not self._stopping:
+                    self._wake.wait(timeout=1.0)
+                if self._stopping and not self._inflight:
+                    return
+                pending = list(self._inflight)
+            settled = []
+            with self.lock:
+                for operation in pending:
+                    if not operation.done:
+                        self._finish(operation, blocking=False)
+                    if operation.done:
+                        settled.append(operation)
+            if settled:
+                idle_since = time.monotonic()
+                with self._wake:
+                    self._inflight = [op for op in self._inflight if not op.done]
+            if self._stopping:
+                with self._wake:
+                    for operation in self._inflight:
+                        if not operation.done:
+                            operation.done = True
+                            operation.future.set_exception(RuntimeError(f"{self.name}: shut down with {operation.name} in flight"))
+                    self._inflight = []
+                return
+            # a long transfer needs polls less often than a short one
+            time.sleep(self.POLL if time.monotonic() - idle_since < 0.1 else 10 * self.POLL)
+
+
+_LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
+_EXIT_HOOK: List[bool] = []
+
+
+def _register_exit_hook() -> None:
+    """Stop the progress threads at exit, before MPI is finalized: registered when the first
+    thread starts, i.e. after mpi4py registered MPI_Finalize, so it runs first (LIFO)."""
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(_stop_all)
+
+
+def _stop_all() -> None:
+    for progress in list(_LIVE):
+        progress.stop()
+
+
+class AsyncWork(dist.Work):
+    """The Work torch gets for an asynchronous denseccl operation."""
+
+    def __init__(self, progress: Progress, operation: Operation, source_rank: Optional[Callable[[], int]] = None) -> None:
+        super().__init__()
+        self._progress = progress
+        self._operation = operation
+        self._source = source_rank
+
+    def wait(self, timeout: Any = None) -> bool:  # noqa: D401 - torch's signature
+        seconds = _seconds(timeout)
+        self._progress.wait(self._operation, seconds)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._operation.future
+
+    def is_completed(self) -> bool:
+        return self._progress.test(self._operation)
+
+    def is_success(self) -> bool:
+        future = self._operation.future
+        if not future.done():
+            raise RuntimeError("is_success() called on a Work that has not completed")
+        try:
+            future.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        future = self._operation.future
+        if not future.done():
+            return None
+        try:
+            future.value()
+        except Exception as error:  # noqa: BLE001
+            return error
+        return None
+
+    def result(self) -> List[torch.Tensor]:
+        self.wait()
+        value = self._operation.future.value()
+        return value if isinstance(value, list) else []
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("source_rank() is only defined for the Work of a recv from any source")
+        self.wait()
+        return self._source()
+
+    _source_rank = source_rank
+
+
+def completed_work(value: Any, device: Optional[torch.device] = None) -> dist.Work:
+    """A torch Work over an already completed future holding ``value``."""
+    future = new_future(device)
+    future.set_result(value)
+    return _create_work_from_future(future)
+
+
+def _seconds(timeout: Any) -> Optional[float]:
+    """torch passes a ``timedelta`` (0 meaning none); Python callers may pass seconds."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    else:
+        seconds = float(timeout)
+    return seconds if seconds > 0 else None
+
+
+class RequestStep(Step):
+    """An mpi4py request as a step (point-to-point and all-to-all, which run outside the
+    denseccl core)."""
+
+    __slots__ = ("request", "keep", "status", "what", "completed")
+
+    def __init__(self, request: Any, what: str, keep: Any = None) -> None:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        self.request = request
+        self.keep = keep  # buffers the request reads or writes
+        self.status = MPI.Status()
+        self.what = what
+        self.completed = False
+
+    def is_completed(self) -> bool:
+        # test once more after completion would overwrite the status (a recv's source)
+        if not self.completed and self.request.Test(self.status):
+            self.completed = True
+        return self.completed
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.is_completed():
+            wait_until(self.is_completed, deadline, self.what)
+        self.keep = None

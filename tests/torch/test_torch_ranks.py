@@ -1,0 +1,38 @@
+"""The torch adapter with real ranks (mpiexec): every collective on every layout, the init
+methods, and DDP's grad-layout test. The rank programs live in tests/torch/ranks/ and compare
+every result with references computed with plain torch from all ranks' inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("mpi4py")
+
+from tests.support.ranks import run_ranks  # noqa: E402
+
+RANKS = Path(__file__).parent / "ranks"
+pytestmark = [pytest.mark.torch, pytest.mark.mpi]
+
+
+def passed(result, n: int) -> None:
+    assert result.stdout.count("checks passed") == n, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_on_every_layout(n):
+    passed(run_ranks(n, RANKS / "collectives.py", timeout=180), n)
+
+
+def test_init_methods_and_rank_check():
+    result = run_ranks(2, RANKS / "init_methods.py", timeout=120)
+    passed(result, 2)
+    assert result.stdout.count("torch rank") == 2, "each rank explains the rank mismatch"
+
+
+def test_ddp_grad_layout():
+    result = run_ranks(2, RANKS / "ddp_grad_layout.py", timeout=240)
+    passed(result, 2)
+    assert "36 DDP configurations" in result.stdout

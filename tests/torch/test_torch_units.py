@@ -1,0 +1,371 @@
+"""One-process tests of the torch adapter: registration, op mapping, tensor layout helpers,
+layout-preserving buckets, the progress engine, the Gradient Layout Contract tools and the
+DataParallel layout logic (replicas and reduction on CPU devices)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+import denseccl  # noqa: E402
+import denseccl.torch as dt  # noqa: E402
+from denseccl.torch import _tensors, buckets  # noqa: E402
+from denseccl.torch.process_group import ProcessGroupDenseCCL, reduce_op  # noqa: E402
+from denseccl.torch.work import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+CL = torch.channels_last
+
+
+def key(t):
+    return tuple(None if n == 1 else s for n, s in zip(t.shape, t.stride()))
+
+
+def layouts():
+    """Tensors of many dense layouts, filled with distinct values."""
+    made = {
+        "row-major": torch.empty(3, 5),
+        "transposed": torch.empty(5, 3).t(),
+        "channels-last": torch.empty(2, 3, 4, 5).to(memory_format=CL),
+        "permuted": torch.empty(4, 2, 5, 3).permute(1, 3, 0, 2),
+        "size-1 strides": torch.empty(12).as_strided((3, 1, 4), (4, 99, 1)),
+        "0-d": torch.empty(()),
+        "empty": torch.empty(0, 3),
+        "float64 channels-last": torch.empty(2, 3, 2, 2, dtype=torch.float64).to(memory_format=CL),
+    }
+    for i, t in enumerate(made.values()):
+        t.copy_(torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + 100 * i)
+    return made
+
+
+# -- registration and ops ---------------------------------------------------------------------
+
+
+def test_import_registers_backend_for_cpu_and_cuda():
+    assert dist.Backend.DENSECCL == "denseccl"
+    assert dist.Backend.backend_capability["denseccl"] == ["cpu", "cuda"]
+    assert "DENSECCL" in dist.Backend._plugins
+    assert dist.Backend._plugins["DENSECCL"].extended_api
+
+
+def test_reduce_ops_map_to_denseccl_ops():
+    R = dist.ReduceOp
+    assert [reduce_op(op) for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)] == ["sum", "prod", "min", "max", "avg"]
+    assert reduce_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
+    assert reduce_op(dist._make_nccl_premul_sum(torch.tensor([0.25]))) == denseccl.PreMulSum(0.25)
+    with pytest.raises(denseccl.LayoutError, match="not supported"):
+        reduce_op(R.BXOR)
+
+
+def test_cpu_collective_without_mpi_launch_says_to_use_mpiexec(monkeypatch):
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=5))
+    assert pg.getBackendName() == "denseccl" and pg.size() == 2 and pg.rank() == 0
+    with pytest.raises(denseccl.DenseCCLError, match="mpiexec"):
+        pg.allreduce([torch.ones(3)])
+
+
+# -- tensor layout helpers --------------------------------------------------------------------
+
+
+def test_dense_and_keys():
+    for name, t in layouts().items():
+        assert _tensors.is_dense(t), name
+    assert not _tensors.is_dense(torch.arange(10.0)[::2])
+    assert not _tensors.is_dense(torch.ones(3, 1).expand(3, 4))
+    assert _tensors.same_layout(torch.empty(4, 3, 1, 1), torch.empty(4, 3, 1, 1).to(memory_format=CL))
+    assert not _tensors.same_layout(torch.empty(3, 4), torch.empty(4, 3).t())
+
+
+def test_dense_strides_like_keeps_the_dim_order_of_gapped_tensors():
+    gapped = torch.empty(2, 3, 4, 10).to(memory_format=CL)[..., ::2]
+    assert _tensors.dense_strides_like(gapped) == torch.empty(2, 3, 4, 5).to(memory_format=CL).stride()
+    assert _tensors.dense_strides_like(torch.arange(10.0)[::2]) == (1,)
+
+
+@pytest.mark.parametrize("name", list(layouts()))
+def test_restrided_gives_the_target_strides(name):
+    target = layouts()[name]
+    source = target.contiguous() if target.dim() else target.clone()
+    out = _tensors.restrided(source, target.stride())
+    assert torch.equal(out, target) and key(out) == key(target)
+    assert _tensors.restrided(target, target.stride()) is target
+
+
+def test_stacked_view_and_whether_dim_0_is_outermost():
+    size = 3
+    concat = torch.empty(6, 4)
+    view = _tensors.stacked_view(concat, (2, 4), size, "out")
+    assert view.shape == (3, 2, 4) and view.data_ptr() == concat.data_ptr()
+    assert _tensors.is_stacked(view, size)
+    assert _tensors.is_stacked(_tensors.stacked_view(torch.empty(6, 3, 4, 5).to(memory_format=CL), (2, 3, 4, 5), size, "out"), size)
+    transposed = _tensors.stacked_view(torch.empty(4, 6).t(), (2, 4), size, "out")
+    assert not _tensors.is_stacked(transposed, size)
+    stack = _tensors.staging_stack(transposed, size)
+    assert stack.shape == (3, 2, 4) and stack.stride() == (8, 1, 2)  # blocks keep the column-major order
+    with pytest.raises(denseccl.LayoutError, match="shape"):
+        _tensors.stacked_view(torch.empty(5, 4), (2, 4), size, "out")
+
+
+# -- buckets ----------------------------------------------------------------------------------
+
+
+def test_pack_keeps_spans_and_strides_and_unpacks():
+    tensors = list(layouts().values())
+    packed = buckets.pack(tensors)
+    assert {b.dtype for b in packed} == {torch.float32, torch.float64} and len(packed) == 2
+    views = buckets.unpacked(packed, len(tensors))
+    for t, v in zip(tensors, views):
+        assert key(v) == key(t) and torch.equal(v, t)
+    for bucket in packed:
+        for slot in bucket.slots:
+            t = tensors[slot.index]
+            run = bucket.flat[slot.offset : slot.offset + slot.numel]
+            assert torch.equal(run, _tensors.span_view(t)), "a slot holds the span as it lies in memory"
+    targets = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).zero_() for t in tensors]
+    buckets.unpack(packed, targets)
+    for t, target in zip(tensors, targets):
+        assert torch.equal(t, target)
+
+
+def test_pack_with_templates_and_gaps_and_bucket_size():
+    params = [torch.empty(4, 3, 2, 2).to(memory_format=CL), torch.empty(5, 3).t()]
+    grads = [torch.randn(4, 3, 2, 2), torch.randn(3, 5)]  # row-major
+    packed = buckets.pack(grads, like=params)
+    for p, g, v in zip(params, grads, buckets.unpacked(packed, 2)):
+        assert key(v) == key(p) and torch.equal(v, g)
+    gapped = torch.arange(20.0)[::2]
+    (bucket,) = buckets.pack([gapped])
+    assert torch.equal(bucket.flat, gapped)
+    split = buckets.pack([torch.ones(10), torch.ones(10), torch.ones(10)], bucket_elements=15)
+    assert [len(b.slots) for b in split] == [2, 1]
+
+
+# -- the progress engine ----------------------------------------------------------------------
+
+
+class FakeStep:
+    def __init__(self, after: float, error: BaseException = None):
+        self.ready_at = time.monotonic() + after
+        self.error = error
+
+    def is_completed(self):
+        if time.monotonic() < self.ready_at:
+            return False
+        if self.error:
+            raise self.error
+        return True
+
+    def wait(self, timeout=None):
+        while not self.is_completed():
+            time.sleep(0.001)
+
+
+def test_progress_thread_completes_futures_and_wait_drives():
+    progress = Progress("test")
+    try:
+        value = [torch.ones(2)]
+        op = Operation("op", [FakeStep(0.05)], lambda: value, new_future(None), None)
+        progress.submit(op)
+        work = AsyncWork(progress, op)
+        assert not work.is_completed()
+        assert work.get_future().wait() is value  # completed by the thread, nobody waits on the work
+        assert work.is_completed() and work.is_success() and work.exception() is None
+        op2 = Operation("op2", [FakeStep(0.05)], lambda: [torch.zeros(1)], new_future(None), None)
+        progress.submit(op2)
+        AsyncWork(progress, op2).wait(datetime.timedelta(seconds=5))
+        assert op2.future.done()
+    finally:
+        progress.stop()
+
+
+def test_progress_errors_reach_future_and_wait():
+    progress = Progress("test")
+    try:
+        op = Operation("boom", [FakeStep(0.01, RuntimeError("transport broke"))], lambda: [], new_future(None), None)
+        progress.submit(op)
+        work = AsyncWork(progress, op)
+        with pytest.raises(RuntimeError, match="transport broke"):
+            work.wait()
+        assert not work.is_success()
+        with pytest.raises(RuntimeError, match="transport broke"):
+            op.future.wait()
+    finally:
+        progress.stop()
+
+
+def test_then_callbacks_may_wait_on_other_work():
+    progress = Progress("test")
+    try:
+        first = Operation("a", [FakeStep(0.02)], lambda: ["a"], new_future(None), None)
+        second = Operation("b", [FakeStep(0.2)], lambda: ["b"], new_future(None), None)
+        progress.submit(first)
+        progress.submit(second)
+        chained = first.future.then(lambda f: AsyncWork(progress, second).wait() and f.value() + second.future.value())
+        assert chained.wait() == ["a", "b"]
+    finally:
+        progress.stop()
+
+
+def test_completed_work():
+    work = completed_work([torch.ones(1)])
+    assert work.is_completed() and work.wait()
+    assert torch.equal(work.get_future().value()[0], torch.ones(1))
+
+
+# -- Gradient Layout Contract tools -----------------------------------------------------------
+
+
+class RowMajorGrad(torch.autograd.Function):
+    """Sums its input; its backward returns a row-major gradient."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        ctx.shape = weight.shape
+        return weight.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.ones(ctx.shape, dtype=grad.dtype) * grad
+
+
+def conv_module():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 2), nn.Conv2d(4, 2, 1)).to(memory_format=CL)
+
+
+def test_violations_list_grads_with_other_strides():
+    module = conv_module()
+    assert dt.grad_layout_violations(module) == []
+    module[0].weight.grad = torch.zeros(module[0].weight.shape)  # row-major grad on a channels-last param
+    module[1].weight.grad = torch.zeros(module[1].weight.shape)  # [2, 4, 1, 1]: differs only on size-1 dims
+    module(torch.randn(2, 3, 5, 5)).sum().backward()
+    found = dt.grad_layout_violations(module)
+    assert [v.name for v in found] == ["0.weight"]
+    assert found[0].grad_strides == (12, 4, 2, 1) and found[0].expected_strides == module[0].weight.stride()
+    assert "0.weight" in str(found[0])
+    assert dt.restride_grads(module) == 1 and dt.grad_layout_violations(module) == []
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_enforce_restrides_after_each_accumulation(create_graph):
+    module = conv_module()
+    weight = module[0].weight
+    with dt.enforce_grad_layout(module) as hooks:
+        weight.grad = torch.zeros(weight.shape)  # breaks the contract before accumulation
+        if create_graph:
+            weight.grad.requires_grad_()
+        RowMajorGrad.apply(weight).backward(create_graph=create_graph)
+        assert dt.grad_layout_violations(module) == []
+        assert key(weight.grad) == key(weight) and torch.equal(weight.grad, torch.ones(weight.shape))
+        if create_graph:
+            assert weight.grad.requires_grad  # still differentiable
+        module(torch.randn(2, 3, 5, 5)).sum().backward(create_graph=create_graph)
+        assert dt.grad_layout_violations(module) == []
+        assert len(hooks.handles) == 4
+    assert hooks.handles == []
+    weight.grad = torch.zeros(weight.shape)
+    RowMajorGrad.apply(weight).backward()
+    assert [v.name for v in dt.grad_layout_violations(module)] == ["0.weight"]  # hooks are gone
+
+
+def test_create_graph_accumulation_without_enforcement_breaks_the_contract():
+    weight = nn.Parameter(torch.randn(4, 3, 2, 2).to(memory_format=CL))
+    weight.grad = torch.zeros(weight.shape)
+    RowMajorGrad.apply(weight).backward(create_graph=True)  # torch warns (once per process)
+    holder = nn.Module()
+    holder.weight = weight
+    assert len(dt.grad_layout_violations(holder)) == 1
+
+
+# -- DataParallel layout logic on CPU devices -------------------------------------------------
+
+
+def test_broadcast_coalesced_keeps_strides():
+    tensors = list(layouts().values())
+    copies = dt.broadcast_coalesced(tensors, ["cpu", "cpu", "cpu"])
+    assert all(a is b for a, b in zip(copies[0], tensors)), "the source device gets the originals"
+    for per_device in copies[1:]:
+        for t, c in zip(tensors, per_device):
+            assert key(c) == key(t) and torch.equal(c, t)
+            assert c.numel() == 0 or c.data_ptr() != t.data_ptr()
+
+
+def test_reduce_add_coalesced_sums_into_param_layouts():
+    params = [torch.empty(4, 3, 2, 2).to(memory_format=CL), torch.empty(5, 3).t(), torch.empty(2, dtype=torch.float64)]
+    grads = [[torch.randn(p.shape, dtype=p.dtype) for p in params] for _ in range(3)]
+    grads[1][0] = grads[1][0].contiguous(memory_format=CL)
+    out = dt.reduce_add_coalesced(grads, "cpu", params)
+    for i, p in enumerate(params):
+        assert key(out[i]) == key(p)
+        torch.testing.assert_close(out[i], sum(g[i] for g in grads))
+
+
+def net():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 8, 2), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 2))
+    return model.to(memory_format=CL).double()
+
+
+def test_replicate_keeps_layouts_and_reduces_grads_into_param_layouts():
+    model = net()
+    x = torch.randn(6, 3, 6, 6, dtype=torch.float64)
+    replicas = dt.replicate(model, ["cpu", "cpu", "cpu"])
+    for replica in replicas:
+        for (name, p), r in zip(model.named_parameters(), _replica_params(replica)):
+            assert key(r) == key(p), f"{name}: replica strides {r.stride()} != {p.stride()}"
+            assert torch.equal(r, p)
+        for b, rb in zip(model.buffers(), replica.buffers()):
+            assert key(rb) == key(b) and torch.equal(rb, b)
+    loss = sum(replica(chunk).square().sum() for replica, chunk in zip(replicas, x.chunk(3)))
+    loss.backward()
+    expected = _chunked_grads(net(), x)
+    for name, p in model.named_parameters():
+        assert key(p.grad) == key(p), f"{name}: grad strides {p.grad.stride()} != {p.stride()}"
+        torch.testing.assert_close(p.grad, expected[name])
+
+
+def _replica_params(replica):
+    out = []
+    for module in replica.modules():
+        out.extend(t for t in module._former_parameters.values())
+    return out
+
+
+def _chunked_grads(model, x):
+    """Per-chunk forward (batch norm statistics per chunk, as in data parallel), summed."""
+    model.zero_grad()
+    for chunk in x.chunk(3):
+        model(chunk).square().sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_replicate_detached_for_inference():
+    model = net()
+    with torch.no_grad():
+        replicas = dt.replicate(model, ["cpu", "cpu"], detach=True)
+    for replica in replicas[1:]:
+        for p, r in zip(model.parameters(), _replica_params(replica)):
+            assert not r.requires_grad and key(r) == key(p)
+
+
+def test_dataparallel_without_gpus_runs_the_module_like_nn_dataparallel():
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    model = net()
+    ours, theirs = dt.DataParallel(model), nn.DataParallel(model)
+    assert ours.device_ids == theirs.device_ids == []
+    x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    torch.testing.assert_close(ours(x), theirs(x))
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert isinstance(ours, nn.DataParallel) and ours.module is model
+    ours(x).sum().backward()
+    assert dt.grad_layout_violations(model) == []
