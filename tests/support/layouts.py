@@ -125,7 +125,7 @@ def assign(array: Any, values: np.ndarray) -> None:
         return
     import torch
 
-    source = torch.from_numpy(np.ascontiguousarray(values))
+    source = torch.from_numpy(np.array(values, order="C", copy=True))
     array.copy_(source.to(array.dtype))
 
 
@@ -155,5 +155,6 @@ def raw_bytes(array: Any) -> bytes:
         while isinstance(base.base, np.ndarray):
             base = base.base
         return bytes(np.ascontiguousarray(base).view(np.uint8).reshape(-1)) + bytes(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
-    storage = array.untyped_storage()
-    return bytes(storage) if storage.nbytes() else b""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(array.untyped_storage()).numpy().tobytes()

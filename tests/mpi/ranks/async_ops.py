@@ -1,0 +1,91 @@
+"""Rank program: async_op=True returns a Work; is_completed() becomes True; wait() returns the
+result; several outstanding Works are completed in different orders on different ranks.
+
+usage: mpiexec -n N python async_ops.py [--torch]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+import denseccl
+from tests.mpi.ranks.common import Checker, to_numpy
+
+
+def main() -> None:
+    use_torch = "--torch" in sys.argv[1:]
+    if use_torch:
+        import torch
+    comm = denseccl.init(backend="mpi", timeout=30)
+    rank, size = comm.rank, comm.size
+    check = Checker("async", rank, size)
+    root = size - 1
+
+    def v(r, shape, dtype=np.float64):
+        return (np.arange(int(np.prod(shape))).reshape(shape) + 10 * r).astype(dtype)
+
+    for round_ in range(3):
+        a = v(rank, (3, 4)).T  # transposed
+        b = v(rank, (2, 3), np.int32)[:, ::-1]  # flipped
+        c = np.stack([v(rank, (2, 2), np.int64) * (k + 1) for k in range(size)])  # stacked
+        d = v(rank, (5,), np.float32)
+        e = v(rank, (1, 4, 1), np.int16)
+        if use_torch and round_ == 2:
+            a = torch.from_numpy(np.ascontiguousarray(v(rank, (3, 4)))).t()  # torch tensors too
+        works = {
+            "allreduce": comm.allreduce(a, "sum", async_op=True),
+            "allgather": comm.allgather(b, async_op=True),
+            "reduce_scatter": comm.reduce_scatter(c, "avg", async_op=True),
+            "reduce": comm.reduce(d, root, "max", async_op=True),
+            "broadcast": comm.broadcast(e, root, async_op=True),
+        }
+        for name, work in works.items():
+            check.check(isinstance(work, denseccl.Work), f"{name}: async_op=True returned {type(work).__name__}")
+
+        # completion order differs by rank and by round
+        names = list(works)
+        order = names[(rank + round_) % len(names):] + names[: (rank + round_) % len(names)]
+        if rank % 2:
+            order.reverse()
+        results = {}
+        for position, name in enumerate(order):
+            work = works[name]
+            if position % 2:  # poll is_completed() until true, then wait()
+                started = time.monotonic()
+                while not work.is_completed():
+                    if time.monotonic() - started > 30:
+                        check.fail(f"{name}: is_completed() never became true")
+                        break
+                    time.sleep(0.0005)
+            results[name] = work.wait()
+            check.check(work.is_completed(), f"{name}: not completed after wait()")
+            check.check(work.wait() is results[name], f"{name}: a second wait() returned something else")
+
+        check.check(results["allreduce"] is a, "allreduce: in-place result is not x")
+        check.check(np.array_equal(to_numpy(a), sum(v(r, (3, 4)) for r in range(size)).T), f"round {round_}: allreduce values")
+        gathered = results["allgather"]
+        check.check(all(np.array_equal(gathered[r], v(r, (2, 3), np.int32)[:, ::-1]) for r in range(size)), "allgather values")
+        total = sum(v(r, (2, 2), np.int64) for r in range(size)) * (rank + 1)
+        check.check(np.array_equal(results["reduce_scatter"], np.sign(total) * (np.abs(total) // size)), "reduce_scatter avg")
+        check.check(results["reduce"] is d, "reduce: result is not x")
+        if rank == root:
+            check.check(np.array_equal(d, v(size - 1, (5,), np.float32)), "reduce max on root")
+        else:
+            check.check(np.array_equal(d, v(rank, (5,), np.float32)), "reduce: non-root input changed")
+        check.check(results["broadcast"] is e and np.array_equal(e, v(root, (1, 4, 1), np.int16)), "broadcast values")
+
+    # an outstanding Work does not block a synchronous collective issued after it
+    w = comm.allreduce(np.ones(1000), async_op=True)
+    x = np.full(3, rank, np.int64)
+    comm.allreduce(x)
+    check.check(x.tolist() == [sum(range(size))] * 3, "sync allreduce behind an async one")
+    check.check(bool(np.all(w.wait() == size)), "the async one")
+    check.check(comm.broken is None, f"broken: {comm.broken}")
+    check.finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Rank program: the check="off" policy (no agreement step).
+
+Collectives must still be correct. A bad input on one rank raises LayoutError there only, at
+once; its peers wait in the transport until the timeout (CollectiveTimeoutError).
+
+usage: mpiexec -n N python check_off.py kwarg|env TIMEOUT
+  kwarg: init(check="off", timeout=TIMEOUT); env: DENSECCL_CHECK=off and DENSECCL_TIMEOUT set
+  by the caller.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+import denseccl
+from tests.mpi.ranks.common import Checker
+
+
+def main() -> None:
+    how, seconds = sys.argv[1], float(sys.argv[2])
+    comm = denseccl.init(backend="mpi", check="off", timeout=seconds) if how == "kwarg" else denseccl.init(backend="mpi")
+    final = denseccl.init(backend="mpi", check="always", timeout=120)
+    rank, size = comm.rank, comm.size
+    check = Checker(f"check_off-{how}", rank, size)
+    check.check(comm.check is False, f"check is {comm.check}")
+    check.check(comm.timeout == seconds, f"timeout is {comm.timeout}")
+
+    def value(r, shape=(3, 4), dtype=np.float64):
+        return (np.arange(int(np.prod(shape))).reshape(shape) * (r + 1) - 5).astype(dtype)
+
+    # correct results without the check, on a transposed layout
+    x = value(rank).T.copy().T
+    comm.allreduce(x)
+    check.check(np.array_equal(x, sum(value(r) for r in range(size))), "allreduce sum")
+    y = value(rank, dtype=np.int32)[::-1]
+    result = comm.reduce(y, 1 % size, "avg")
+    if rank == 1 % size:
+        total = sum(value(r, dtype=np.int64) for r in range(size))
+        check.check(np.array_equal(result, (np.sign(total) * (np.abs(total) // size))[::-1]), "reduce avg (truncated)")
+    g = comm.allgather(value(rank, (2, 3), np.int16).T)
+    check.check(all(np.array_equal(g[r], value(r, (2, 3), np.int16).T) for r in range(size)), "allgather")
+    stacked = np.stack([value(rank, (2,), np.float32) + b for b in range(size)])
+    s = comm.reduce_scatter(stacked, "max")
+    check.check(np.array_equal(s, value(size - 1, (2,), np.float32) + rank), "reduce_scatter max")
+    b = value(rank, (5,), np.uint8)
+    comm.broadcast(b, size - 1)
+    check.check(np.array_equal(b, value(size - 1, (5,), np.uint8)), "broadcast")
+    comm.barrier()
+
+    # a bad input on the last rank: LayoutError there at once; the others time out
+    bad = size - 1
+    started = time.monotonic()
+    try:
+        if rank == bad:
+            comm.allreduce(np.zeros((4, 6))[:, ::2])
+        else:
+            comm.allreduce(np.zeros((4, 3)))
+        check.fail("no error")
+    except denseccl.LayoutError as error:
+        check.check(rank == bad, f"LayoutError on rank {rank}: {error}")
+        check.check(time.monotonic() - started < 1.0, "the local error was not immediate")
+        check.check(comm.broken is None, "local error broke the communicator")
+    except denseccl.CollectiveTimeoutError:
+        elapsed = time.monotonic() - started
+        check.check(rank != bad, "the bad rank timed out")
+        check.check(seconds * 0.9 <= elapsed <= seconds + 5, f"timed out after {elapsed:.2f} s (timeout {seconds})")
+        check.check(comm.broken is not None, "communicator not marked broken after a timeout")
+    except Exception as error:  # noqa: BLE001
+        check.fail(f"raised {type(error).__name__}: {error}")
+
+    final.barrier()
+    check.finish(hard_exit=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""A peer that never joins: CollectiveTimeoutError after the timeout, then a broken
+communicator; and the check="off" policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.mpi.summaries import expect_summaries
+from tests.support.ranks import run_ranks
+
+pytestmark = pytest.mark.mpi
+
+RANKS = Path(__file__).parent / "ranks"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_peer_never_joins(nranks):
+    done = run_ranks(nranks, RANKS / "timeouts.py", ["1.0"], timeout=90, env={"DENSECCL_TIMEOUT": "2"})
+    expect_summaries(done.stdout, "timeouts", nranks)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "nranks, how, env",
+    [(2, "kwarg", {"DENSECCL_TIMEOUT": "30"}), (3, "env", {"DENSECCL_CHECK": "off", "DENSECCL_TIMEOUT": "1.5"})],
+    ids=["init-check-off", "DENSECCL_CHECK-off"],
+)
+def test_check_off(nranks, how, env):
+    done = run_ranks(nranks, RANKS / "check_off.py", [how, "1.5"], timeout=90, env=env)
+    expect_summaries(done.stdout, f"check_off-{how}", nranks)
