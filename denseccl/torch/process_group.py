@@ -114,6 +114,7 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
         self._aux: Any = None  # mpi4py duplicate for point-to-point and all-to-all
         self._device: Optional[Communicator] = None
         self._host_problem: Optional[str] = None
+        self._names: dict = {}
         self._setup_host()
 
     # -- setup -------------------------------------------------------------------------------
@@ -236,6 +237,20 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND_NAME
+
+    # a ProcessGroup without C++ backends keeps its name and description here (torch's base
+    # class reads them from its backends)
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._names.get("name", "")
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._names["name"] = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._names.get("desc", "")
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._names["desc"] = desc
 
     @property
     def host_communicator(self) -> Optional[Communicator]:

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
-from tests.support.ranks import run_ranks  # noqa: E402
+from tests.support.ranks import ROOT, run_ranks  # noqa: E402
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = [pytest.mark.torch, pytest.mark.mpi]
@@ -36,3 +36,15 @@ def test_ddp_grad_layout():
     result = run_ranks(2, RANKS / "ddp_grad_layout.py", timeout=240)
     passed(result, 2)
     assert "36 DDP configurations" in result.stdout
+
+
+def test_fsdp2_matches_single_process_training():
+    passed(run_ranks(2, RANKS / "fsdp.py", timeout=180), 2)
+
+
+def test_ddp_example_runs_as_documented():
+    """The example of docs/torch.md on 2 ranks (launch/run is mpiexec with the venv on PATH)."""
+    result = run_ranks(2, ROOT / "launch" / "torch_ddp_example.py", timeout=180)
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "OK", result.stdout
+    assert "parameters identical on all 2 ranks: True" in lines
