@@ -25,9 +25,9 @@ def test_peer_never_joins(nranks):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "nranks, how, env",
-    [(2, "kwarg", {"DENSECCL_TIMEOUT": "30"}), (3, "env", {"DENSECCL_CHECK": "off", "DENSECCL_TIMEOUT": "1.5"})],
+    [(2, "kwarg", {"DENSECCL_TIMEOUT": "30"}), (3, "env", {"DENSECCL_CHECK": "off", "DENSECCL_TIMEOUT": "2.5"})],
     ids=["init-check-off", "DENSECCL_CHECK-off"],
 )
 def test_check_off(nranks, how, env):
-    done = run_ranks(nranks, RANKS / "check_off.py", [how, "1.5"], timeout=90, env=env)
+    done = run_ranks(nranks, RANKS / "check_off.py", [how, "2.5"], timeout=90, env=env)
     expect_summaries(done.stdout, f"check_off-{how}", nranks)

@@ -115,12 +115,21 @@ def scenarios(size: int) -> List[Scenario]:
                  invalid="expected an array"),
         Scenario("invalid allgather out", lambda comm, r, d: _call(comm.allgather, c_array((2,), r), out=np.zeros((comm.size + 1, 2), np.float32) if d else np.zeros((comm.size, 2), np.float32)),
                  invalid="not a stacked buffer"),
+        Scenario("invalid allgather from another rank's block", _allgather_from_block,
+                 invalid="the input may only be out's own block"),
         Scenario("invalid reduce_scatter input", lambda comm, r, d: _call(comm.reduce_scatter, c_array((comm.size + 1, 2), r) if d else c_array((comm.size, 2), r)),
                  invalid="is not a stacked buffer"),
         Scenario("invalid byte order", allreduce_of(lambda r, d: c_array((3,), r, ">f4") if d else c_array((3,), r)),
                  invalid="byte order"),
     ]
     return out
+
+
+def _allgather_from_block(comm, rank, deviant):
+    out = np.zeros((comm.size, 2, 2), np.float32)
+    block = (rank + 1) % comm.size if deviant else rank  # deviants pass a peer's block as x
+    out[block] = c_array((2, 2), rank)
+    return _call(comm.allgather, out[block], out=out)
 
 
 def _readonly(x):
