@@ -259,7 +259,11 @@ def current_stream_pointer(library: str, device: int) -> int:
         return int(torch.cuda.current_stream(device).cuda_stream)
     import cupy  # noqa: PLC0415 - device arrays only
 
-    return int(cupy.cuda.get_current_stream(device).ptr)
+    try:
+        return int(cupy.cuda.get_current_stream(device).ptr)
+    except TypeError:  # a CuPy whose get_current_stream takes no device
+        with cupy.cuda.Device(device):
+            return int(cupy.cuda.get_current_stream().ptr)
 
 
 def stream_pointer(stream: Any) -> int:

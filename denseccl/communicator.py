@@ -251,6 +251,8 @@ class Communicator:
     @property
     def broken(self) -> Optional[str]:
         """Why the communicator can no longer be used, or None."""
+        if self._broken is None:
+            self._broken = self.transport.failure()  # e.g. a device watchdog's verdict
         return self._broken
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .communicator import Communicator
 from .errors import DenseCCLError
@@ -216,6 +216,23 @@ def _mpi_world() -> Any:
     return MPI.COMM_WORLD
 
 
+_STORES: Dict[Tuple[str, int], Any] = {}
+
+
+def _env_store(rank: int, size: int, timeout: float) -> Any:
+    """The TCPStore at MASTER_ADDR:MASTER_PORT, made once per process (a second init reuses it:
+    its server holds the port), served by rank 0 unless torchrun's agent serves it."""
+    from .transports.store import tcp_store  # noqa: PLC0415
+
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    store = _STORES.get(address)
+    if store is None:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = tcp_store(*address, rank, size, is_master=rank == 0 and not agent, timeout=timeout)
+        _STORES[address] = store
+    return store
+
+
 def init_nccl(
     *,
     comm: Any = None,
@@ -236,7 +253,7 @@ def init_nccl(
         )
     cupy, nccl = _require_nccl()
     from .transports.nccl import NCCLTransport  # noqa: PLC0415
-    from .transports.store import SoloControl, StoreControl, next_prefix, tcp_store, wait_for_keys  # noqa: PLC0415
+    from .transports.store import SoloControl, StoreControl, next_prefix, wait_for_keys  # noqa: PLC0415
 
     deadline = None if timeout is None else time.monotonic() + timeout
     kind = launch_kind(comm=comm, store=store, size=size)
@@ -272,15 +289,7 @@ def init_nccl(
     else:
         rank, size = _env_int("RANK", rank), _env_int("WORLD_SIZE", size)
         if kind == "env":
-            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            store = tcp_store(
-                os.environ["MASTER_ADDR"],
-                int(os.environ["MASTER_PORT"]),
-                rank,
-                size,
-                is_master=rank == 0 and not agent,
-                timeout=timeout or 300.0,
-            )
+            store = _env_store(rank, size, timeout or 300.0)
         chosen = device if device is not None else pick_device(local_rank_from_env(), rank, count)
         _use_device(cupy, chosen)
         namespace = next_prefix(f"{prefix}/nccl")

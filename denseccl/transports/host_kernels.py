@@ -4,11 +4,19 @@ pre-multiplication.
 Half types are reduced as NCCL does on the GPU: each pairwise step is computed in float32 and
 rounded to the storage type (round to nearest even). Work goes in fixed-size chunks through
 scratch buffers allocated once, so no temporary grows with the array.
+
+When the process has already imported torch (denseccl never imports it), the reduction step
+runs on torch's vectorised CPU kernels instead, which compute exactly the same thing (float32
+arithmetic per element, rounded to nearest even) about 20x faster and in place, with no
+temporary at all. ``DENSECCL_HOST_KERNELS=numpy`` forces the NumPy kernels; torch's kernels
+use torch's intra-op threads (``torch.set_num_threads``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import sys
 import threading
 from typing import Callable, Dict, Tuple
 
@@ -18,6 +26,9 @@ from ..ops import DType, ReduceOp
 
 #: Elements per chunk: large enough to amortise NumPy's per-call cost, small enough for L2.
 CHUNK = 1 << 15
+
+#: "auto": torch's kernels for the reduction step when torch is already imported; "numpy": never.
+KERNELS = os.environ.get("DENSECCL_HOST_KERNELS", "auto").strip().lower()
 
 _STORAGE: Dict[str, np.dtype] = {"bfloat16": np.dtype(np.uint16)}
 _HALVES = frozenset({"float16", "bfloat16"})
@@ -42,17 +53,69 @@ class _Scratch(threading.local):
         self.left = np.empty(CHUNK, np.float32)
         self.right = np.empty(CHUNK, np.float32)
         self.bits = np.empty(CHUNK, np.uint32)
+        self.more = np.empty(CHUNK, np.uint32)
         self.nan = np.empty(CHUNK, np.bool_)
 
 
 _scratch = _Scratch()
 
 
+# NumPy's float16 <-> float32 casts are scalar loops (~2 ns and ~4.5 ns per element here); the
+# integer/float passes below are vectorised (~0.1 ns per element each) and exact, and each falls
+# back to NumPy's cast for a chunk holding values they do not cover (tests compare them with it).
+_REBIAS = np.float32(2.0**112)  # float32 exponent bias minus float16's, as a power of two
+_UNBIAS = np.float32(2.0**-112)
+_HALF_OVERFLOW_BITS = 0x477FF000  # |x| >= 65520 rounds to inf in float16
+_HALF_MIN_NORMAL_BITS = 0x38800000  # 2**-14, the smallest normal float16
+
+
+def _widen_float16(half: np.ndarray, out: np.ndarray) -> None:
+    """float16 -> float32: move sign, exponent and mantissa into place, then rebias the exponent
+    by a float multiply (exact, subnormals included). inf/NaN come out as finite values of
+    magnitude >= 65536 (no finite float16 reaches it): such a chunk is cast by NumPy instead."""
+    bits = out.view(np.int32)
+    np.left_shift(half.view(np.int16), 16, out=bits, dtype=np.int32)  # sign at bit 31
+    bits >>= 3  # exponent and mantissa at bits 13..27 (bits 28..30 copy the sign)
+    bits &= np.int32(-0x70000001)  # 0x8FFFFFFF: clear bits 28..30
+    out *= _REBIAS
+    if out.max() >= 65536.0 or out.min() <= -65536.0:
+        np.copyto(out, half)
+
+
+def _narrow_float16(single: np.ndarray, out: np.ndarray) -> None:
+    """float32 -> float16, round to nearest even. Vectorised when every value is zero or a
+    normal float16 after rounding (the usual case): rebias by a float multiply, round the
+    13 dropped mantissa bits to nearest even on the integer bits, add the sign. Otherwise
+    (subnormal, overflow, inf, NaN anywhere in the chunk) NumPy's cast."""
+    scratch = _scratch
+    n = single.size
+    magnitude = scratch.bits[:n]
+    spare = scratch.more[:n]
+    np.bitwise_and(single.view(np.uint32), 0x7FFFFFFF, out=magnitude)
+    if magnitude.max() < _HALF_OVERFLOW_BITS:
+        np.subtract(magnitude, 1, out=spare)  # zero wraps to the top: passes the next test
+        if spare.min() >= _HALF_MIN_NORMAL_BITS - 1:
+            magnitude.view(np.float32)[...] *= _UNBIAS  # |x| as float32 with float16's bias
+            rounded = magnitude.view(np.int32)
+            odd = spare.view(np.int32)
+            np.right_shift(rounded, 13, out=odd)
+            odd &= 1
+            rounded += 0xFFF
+            rounded += odd
+            rounded >>= 13
+            np.right_shift(single.view(np.uint32), 16, out=spare)
+            spare &= 0x8000
+            magnitude |= spare
+            np.copyto(out.view(np.uint16), magnitude, casting="unsafe")
+            return
+    np.copyto(out, single, casting="same_kind")
+
+
 def _widen(half: np.ndarray, out: np.ndarray, name: str) -> np.ndarray:
     """float16/bfloat16 chunk -> float32 (exact)."""
     out = out[: half.size]
     if name == "float16":
-        np.copyto(out, half)
+        _widen_float16(half, out)
     else:
         np.left_shift(half, 16, out=out.view(np.uint32), dtype=np.uint32)
     return out
@@ -61,7 +124,7 @@ def _widen(half: np.ndarray, out: np.ndarray, name: str) -> np.ndarray:
 def _narrow(single: np.ndarray, out: np.ndarray, name: str) -> None:
     """float32 chunk -> float16/bfloat16, round to nearest even; NaN stays NaN."""
     if name == "float16":
-        np.copyto(out, single, casting="same_kind")
+        _narrow_float16(single, out)
         return
     scratch = _scratch
     n = single.size
@@ -73,8 +136,8 @@ def _narrow(single: np.ndarray, out: np.ndarray, name: str) -> None:
     rounding += bits
     rounding >>= 16
     np.copyto(out, rounding, casting="unsafe")
-    nan = np.isnan(single, out=scratch.nan[:n])
-    if nan.any():
+    if np.isnan(single.max()):  # one read pass; the mask only when there is a NaN
+        nan = np.isnan(single, out=scratch.nan[:n])
         out[nan] = 0x7FC0
 
 
@@ -86,15 +149,33 @@ _UFUNCS = {
 }
 
 
+_TORCH_OPS = {ReduceOp.SUM: "add", ReduceOp.PRODUCT: "mul", ReduceOp.MIN: "minimum", ReduceOp.MAX: "maximum"}
+
+
+def _torch_step(incoming: np.ndarray, result: np.ndarray, op_name: str, name: str) -> bool:
+    """``result = incoming (op) result`` with torch's kernels if torch is imported (and both
+    buffers are writable views torch can share); False when it did nothing."""
+    torch = sys.modules.get("torch")
+    if torch is None or KERNELS != "auto" or not (incoming.flags.writeable and result.flags.writeable):
+        return False
+    half = getattr(torch, name)
+    right = torch.from_numpy(result.view(np.int16)).view(half)
+    getattr(torch, op_name)(torch.from_numpy(incoming.view(np.int16)).view(half), right, out=right)
+    return True
+
+
 def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, object], None]:
     """An MPI user-op function ``inout = in (op) inout`` for float16/bfloat16 elements."""
     ufunc = _UFUNCS[kind]
     storage = storage_dtype(dtype)
     name = dtype.name
+    op_name = _TORCH_OPS[kind]
 
     def reduce_halves(inbuf: object, inoutbuf: object, datatype: object) -> None:
         incoming = np.frombuffer(inbuf, storage)  # type: ignore[call-overload]
         result = np.frombuffer(inoutbuf, storage)  # type: ignore[call-overload]
+        if result.size and _torch_step(incoming, result, op_name, name):
+            return
         scratch = _scratch
         for start in range(0, result.size, CHUNK):
             stop = start + CHUNK

@@ -1,0 +1,94 @@
+"""The vectorised float16 conversions and torch-backed reduction step of host_kernels give
+exactly what NumPy's scalar casts (and the float32-per-step rule) give."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from denseccl.ops import DTYPES, ReduceOp
+from denseccl.transports import host_kernels as hk
+
+ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a.view(np.uint16 if a.itemsize == 2 else np.uint32) == b.view(np.uint16 if b.itemsize == 2 else np.uint32)) | (
+        np.isnan(a) & np.isnan(b)
+    )
+
+
+@pytest.mark.parametrize("chunk", [64, 4096])
+def test_widen_float16_is_exact_for_every_value(chunk: int) -> None:
+    reference = ALL_HALVES.astype(np.float32)
+    for start in range(0, ALL_HALVES.size, chunk):
+        out = np.empty(chunk, np.float32)
+        hk._widen_float16(ALL_HALVES[start : start + chunk], out)
+        assert same_bits(out, reference[start : start + chunk]).all(), start
+    finite = ALL_HALVES[np.isfinite(ALL_HALVES)]  # one chunk with no inf/NaN: the vectorised path throughout
+    out = np.empty(finite.size, np.float32)
+    hk._widen_float16(finite, out)
+    assert same_bits(out, finite.astype(np.float32)).all()
+
+
+def check_narrow(values: np.ndarray) -> None:
+    out = np.empty(values.size, np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hk._narrow_float16(values.copy(), out)
+        reference = values.astype(np.float16)
+    assert same_bits(out, reference).all(), values[~same_bits(out, reference)][:5]
+
+
+def test_narrow_float16_rounds_to_nearest_even_like_numpy() -> None:
+    rng = np.random.default_rng(7)
+    halves = rng.integers(0x0400, 0x7BFF, 8192, dtype=np.uint16).view(np.float16).astype(np.float32)
+    ties = (halves.view(np.uint32) | 0x1000).view(np.float32)  # exactly between two float16 values
+    for values in (halves, ties, -ties, (ties.view(np.uint32) + 1).view(np.float32), (ties.view(np.uint32) - 1).view(np.float32)):
+        with_zeros = values.copy()
+        with_zeros[::17] = 0.0
+        with_zeros[::19] = -0.0
+        check_narrow(values)
+        check_narrow(with_zeros)
+    magnitudes = (2.0 ** rng.uniform(-14, 15.99, 8192)).astype(np.float32)
+    check_narrow(magnitudes * np.where(rng.random(8192) < 0.5, -1, 1).astype(np.float32))
+
+
+@pytest.mark.parametrize("value", [65504, 65519.996, 65520, 1e6, 2.0**-14, 2.0**-15, 2.0**-24, 2.0**-26, np.inf, -np.inf, np.nan, -0.0])
+def test_narrow_float16_edges_fall_back_exactly(value: float) -> None:
+    values = np.linspace(1, 2, 64, dtype=np.float32)
+    values[5] = value
+    check_narrow(values)
+    check_narrow(np.full(8, value, np.float32))
+
+
+def test_narrow_float16_random_bits() -> None:
+    rng = np.random.default_rng(3)
+    check_narrow(rng.integers(0, 1 << 32, 8192, dtype=np.uint64).astype(np.uint32).view(np.float32))
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kind", [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX])
+def test_torch_step_equals_numpy_step(name: str, kind: ReduceOp, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    a = rng.integers(0, 1 << 16, 50_000, dtype=np.uint32).astype(np.uint16)
+    b = rng.integers(0, 1 << 16, 50_000, dtype=np.uint32).astype(np.uint16)
+    storage = hk.storage_dtype(DTYPES[name])
+    step = hk.half_reduction(kind, DTYPES[name])
+    results = []
+    for kernels in ("numpy", "auto"):
+        monkeypatch.setattr(hk, "KERNELS", kernels)
+        result = b.copy().view(storage)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step(memoryview(a.copy().view(storage)), memoryview(result), None)
+        results.append(result.view(np.uint16))
+    numpy_bits, torch_bits = results
+    if name == "float16":
+        nan = np.isnan(numpy_bits.view(np.float16)) & np.isnan(torch_bits.view(np.float16))
+    else:
+        nan = ((numpy_bits & 0x7FFF) > 0x7F80) & ((torch_bits & 0x7FFF) > 0x7F80)
+    assert ((numpy_bits == torch_bits) | nan).all()
