@@ -42,13 +42,6 @@ def dense_strides_like(t: torch.Tensor, shape: Optional[Sequence[int]] = None) -
     return contiguous_strides(tuple(shape), physical_order(tuple(t.shape), t.stride()))
 
 
-def empty_like_layout(t: torch.Tensor, shape: Optional[Sequence[int]] = None, *, device: Optional[torch.device] = None) -> torch.Tensor:
-    """A new tensor with ``t``'s dtype and dense strides in ``t``'s dim order (see
-    :func:`dense_strides_like`), on ``device`` (default ``t.device``)."""
-    shape = tuple(t.shape) if shape is None else tuple(shape)
-    return torch.empty_strided(shape, dense_strides_like(t, shape), dtype=t.dtype, device=device or t.device)
-
-
 def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
     """``x`` itself when it already has the dense ``strides`` (size-1 dims excepted), else a
     copy of ``x`` with them. Differentiable, so it also serves gradients built with

@@ -19,7 +19,7 @@ module.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import nn

@@ -23,12 +23,12 @@ import torch._C._distributed_c10d as _c10d
 from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
-from ..errors import DenseCCLError, LayoutError, MismatchError
-from ..layout import block_of, layout_key
+from ..errors import DenseCCLError, LayoutError
+from ..layout import layout_key
 from ..ops import OpLike, PreMulSum
 from . import buckets
 from ._tensors import dense_strides_like, is_dense, is_stacked, key_of, not_dense_message, staging_stack, stacked_view
-from .work import AsyncWork, Operation, Progress, RequestStep, completed_work, new_future
+from .work import AsyncWork, Operation, Progress, completed_work, new_future
 
 BACKEND_NAME = "denseccl"
 
@@ -129,8 +129,13 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
                 "launcher only if the NCCL transport can bootstrap without one"
             )
             return
-        from mpi4py import MPI  # noqa: PLC0415
-
+        try:
+            from mpi4py import MPI  # noqa: PLC0415
+        except ImportError as error:
+            if launched_by_mpi():
+                raise DenseCCLError(f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'") from None
+            self._host_problem = f"the denseccl backend moves CPU tensors over MPI, and mpi4py is not installed ({error}): pip install 'denseccl[mpi]'"
+            return
         world = MPI.COMM_WORLD
         if world.Get_size() < len(self._global_ranks) or (
             self._global_ranks == list(range(size)) and world.Get_size() != size
@@ -667,14 +672,15 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
                 with contextlib.suppress(Exception):
                     comm.close()
         self._host = self._device = None
-        from mpi4py import MPI  # noqa: PLC0415
+        if self._mpi_group is not None:
+            from mpi4py import MPI  # noqa: PLC0415
 
-        if not MPI.Is_finalized():
-            for mpi in (self._aux, self._mpi_group if self._owns_mpi_group else None):
-                if mpi is not None and mpi != MPI.COMM_NULL:
-                    with contextlib.suppress(Exception):
-                        mpi.Free()
-        self._aux = None
+            if not MPI.Is_finalized():
+                for mpi in (self._aux, self._mpi_group if self._owns_mpi_group else None):
+                    if mpi is not None and mpi != MPI.COMM_NULL:
+                        with contextlib.suppress(Exception):
+                            mpi.Free()
+        self._aux = self._mpi_group = None
         self._host_problem = "this process group has been shut down"
 
     def abort(self) -> None:
@@ -782,4 +788,4 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     )
 
 
-__all__ = ["BACKEND_NAME", "ProcessGroupDenseCCL", "create_process_group", "launched_by_mpi", "reduce_op", "MismatchError"]
+__all__ = ["BACKEND_NAME", "ProcessGroupDenseCCL", "create_process_group", "launched_by_mpi", "reduce_op"]

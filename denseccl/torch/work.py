@@ -67,8 +67,10 @@ class Progress:
     the first asynchronous operation."""
 
     #: Seconds between polls while operations are in flight (MPI progresses only inside MPI
-    #: calls, so polling also moves the data of long transfers along).
-    POLL = 100e-6
+    #: calls, so polling also moves the data of long transfers along; spinning instead would
+    #: take a core from the backward pass that the transfers overlap with). Ten times longer
+    #: once nothing has completed for 0.1 s.
+    POLL = 50e-6
 
     def __init__(self, name: str) -> None:
         self.name = name
