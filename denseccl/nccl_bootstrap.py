@@ -253,7 +253,7 @@ def init_nccl(
         )
     cupy, nccl = _require_nccl()
     from .transports.nccl import NCCLTransport  # noqa: PLC0415
-    from .transports.store import SoloControl, StoreControl, next_prefix, wait_for_keys  # noqa: PLC0415
+    from .transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
 
     deadline = None if timeout is None else time.monotonic() + timeout
     kind = launch_kind(comm=comm, store=store, size=size)
@@ -292,7 +292,9 @@ def init_nccl(
             store = _env_store(rank, size, timeout or 300.0)
         chosen = device if device is not None else pick_device(local_rank_from_env(), rank, count)
         _use_device(cupy, chosen)
-        namespace = next_prefix(f"{prefix}/nccl")
+        # the n-th communicator this rank builds on this store (a per-rank counter kept in the
+        # store itself, so groups with different members and re-created store objects agree)
+        namespace = f"{prefix}/nccl/{int(store.add(f'{prefix}/nccl/inits/{rank}', 1)) - 1}"
         key = f"{namespace}/unique_id"
         if rank == 0:
             store.set(key, unique_id_bytes(nccl.get_unique_id()))

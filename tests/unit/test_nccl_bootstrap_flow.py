@@ -1,0 +1,167 @@
+"""init(backend="nccl") end to end on the CPU, with CuPy and NCCL replaced by fakes: the unique
+id travels over a real TCPStore (explicit store=, and the torchrun-style environment) or MPI,
+every rank builds its communicator with the same id in CuPy's form, the agreement check runs on
+the host channel, and a second init on the same store gets its own namespace."""
+
+from __future__ import annotations
+
+import threading
+import types
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import denseccl
+from denseccl import nccl_bootstrap
+from denseccl.errors import MismatchError
+from denseccl.transports import nccl as nccl_transport
+from denseccl.transports.mpi import MPIControl
+from denseccl.transports.store import SoloControl, StoreControl
+from tests.unit.test_nccl_transport import FakeComm, FakeEvents, HostCAI
+
+torch_distributed = pytest.importorskip("torch.distributed")
+
+
+class FakeNccl(types.SimpleNamespace):
+    def __init__(self) -> None:
+        super().__init__()
+        self.made = []
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def get_unique_id(self):
+        with self._lock:
+            self._counter += 1
+            return bytes([self._counter]) * 128
+
+    def get_version(self):
+        return nccl_transport.version_code(2, 27, 3)
+
+    def NcclCommunicator(self, size, unique_id, rank):  # noqa: N802 - CuPy's name
+        if not isinstance(unique_id, bytes):
+            raise TypeError("Argument 'commId' has incorrect type")
+        with self._lock:
+            self.made.append((size, unique_id, rank))
+        return FakeComm(rank, size)
+
+
+class _Device:
+    def __init__(self, index):
+        self.index = index
+
+    def use(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture()
+def fakes(monkeypatch):
+    nccl = FakeNccl()
+    cupy = types.SimpleNamespace(
+        __version__="14.2.0",
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=_Device),
+    )
+    monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy, nccl))
+    monkeypatch.setattr(nccl_transport, "CudaEvents", lambda device: FakeEvents())
+    monkeypatch.setattr(denseccl.arrays, "_cuda_device_of_pointer", lambda pointer: 0)
+    monkeypatch.setattr(denseccl.arrays, "current_stream_pointer", lambda library, device: 0)
+    return nccl
+
+
+def _in_threads(size, body):
+    results, errors = [None] * size, []
+
+    def run(rank):
+        try:
+            results[rank] = body(rank)
+        except BaseException as error:  # noqa: BLE001
+            errors.append((rank, error))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    return results
+
+
+def test_explicit_store_three_ranks(fakes):
+    server = torch_distributed.TCPStore("127.0.0.1", 0, 4, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+
+    def body(rank):
+        store = torch_distributed.TCPStore("127.0.0.1", server.port, 4, False, timeout=timedelta(seconds=30))
+        comms = [denseccl.init(backend="nccl", store=store, rank=rank, size=3, device=0, timeout=20) for _ in range(2)]
+        first = comms[0]
+        assert (first.backend, first.rank, first.size, first.transport.device) == ("nccl", rank, 3, 0)
+        assert isinstance(first.control, StoreControl) and first.control.prefix != comms[1].control.prefix
+        ok = HostCAI(np.zeros((2, 3), np.float32))
+        assert first.allreduce(ok) is ok  # every rank agrees: the (fake) NCCL call runs
+        odd = HostCAI(np.zeros((2, 3), np.float32) if rank else np.zeros((2, 3), np.float32).T.copy().T)
+        try:
+            first.allreduce(odd)  # rank 0 holds another layout: every rank raises
+        except MismatchError as error:
+            return str(error)
+        return "no error"
+
+    outcomes = _in_threads(3, body)
+    assert len(fakes.made) == 6
+    assert len({uid for _, uid, _ in fakes.made}) == 2  # two communicators, one id each, shared by its ranks
+    for outcome in outcomes:
+        assert "mismatch" in outcome and "layout" in outcome, outcome
+
+
+def test_torchrun_environment(fakes, monkeypatch):
+    from tests.gpu.support import free_port
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setattr(nccl_bootstrap, "_STORES", {})
+    first = denseccl.init(backend="nccl", timeout=10)
+    second = denseccl.init(backend="nccl", timeout=10)  # reuses the store: its server holds the port
+    assert first.size == 1 and first.transport.device == 1  # LOCAL_RANK 3 modulo 2 GPUs
+    assert isinstance(first.control, StoreControl) and first.control.prefix != second.control.prefix
+    monkeypatch.setattr(denseccl.arrays, "_cuda_device_of_pointer", lambda pointer: 1)
+    x = HostCAI(np.arange(4, dtype=np.float32))
+    assert first.allreduce(x) is x
+
+
+def test_single_rank_without_launcher(fakes):
+    comm = denseccl.init(backend="nccl", size=1, timeout=5)
+    assert isinstance(comm.control, SoloControl) and comm.size == 1
+    assert comm.transport.comm.calls[0][0] == "allReduce"  # the fail-early barrier
+    comm.close()
+    assert comm.transport.comm.destroyed
+
+
+def test_mpi_launch(fakes):
+    from mpi4py import MPI
+
+    comm = denseccl.init(backend="nccl", comm=MPI.COMM_WORLD, timeout=5)
+    assert isinstance(comm.control, MPIControl) and comm.size == MPI.COMM_WORLD.Get_size()
+    assert comm.transport.device == 0  # local rank 0 modulo 2
+    comm.close()
+
+
+def test_cupy13_takes_a_tuple(fakes, monkeypatch):
+    made = []
+
+    def tuple_only(size, unique_id, rank):
+        if not isinstance(unique_id, tuple):
+            raise TypeError("Argument 'commId' has incorrect type (expected tuple)")
+        made.append(unique_id)
+        return FakeComm(rank, size)
+
+    fakes.NcclCommunicator = tuple_only
+    comm = denseccl.init(backend="nccl", size=1, timeout=5)
+    assert len(made) == 1 and len(made[0]) == 128 and all(-128 <= v <= 127 for v in made[0])
+    comm.close()
