@@ -81,6 +81,7 @@ class Progress:
         self._inflight: List[Operation] = []
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
+        self._stop_by = 0.0
         _LIVE.add(self)
 
     # -- called by the process group --------------------------------------------------------
@@ -118,14 +119,18 @@ class Progress:
                 self.lock.release()
         return operation.done and operation.future.done()
 
-    def stop(self) -> None:
-        """Finish what is in flight (best effort) and stop the thread."""
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the thread after completing what is in flight, for at most ``grace`` seconds;
+        operations still in flight then fail, and their buffers are kept alive for good (MPI
+        may still write into them, e.g. during MPI_Finalize)."""
         with self._wake:
-            self._stopping = True
+            if not self._stopping:
+                self._stopping = True
+                self._stop_by = time.monotonic() + grace
             self._wake.notify()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
+            thread.join(timeout=grace + 5)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -172,11 +177,12 @@ class Progress:
                 idle_since = time.monotonic()
                 with self._wake:
                     self._inflight = [op for op in self._inflight if not op.done]
-            if self._stopping:
+            if self._stopping and time.monotonic() > self._stop_by:
                 with self._wake:
                     for operation in self._inflight:
                         if not operation.done:
                             operation.done = True
+                            _ABANDONED.append(operation.steps)
                             operation.future.set_exception(RuntimeError(f"{self.name}: shut down with {operation.name} in flight"))
                     self._inflight = []
                 return
@@ -185,6 +191,8 @@ class Progress:
 
 
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
+#: Steps of operations that never completed: their buffers must outlive any MPI progress.
+_ABANDONED: List[Any] = []
 _EXIT_HOOK: List[bool] = []
 
 

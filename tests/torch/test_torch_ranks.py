@@ -48,3 +48,7 @@ def test_ddp_example_runs_as_documented():
     lines = result.stdout.splitlines()
     assert lines[-1] == "OK", result.stdout
     assert "parameters identical on all 2 ranks: True" in lines
+
+
+def test_exit_with_async_work_in_flight():
+    passed(run_ranks(2, RANKS / "exit_in_flight.py", timeout=120), 2)

@@ -253,6 +253,13 @@ inp = like(torch.empty(2 * size, 3) if rank == 0 else torch.empty(3, 2 * size).t
 out = torch.full((2, 3), -1.0)
 check.raises("layout mismatch reduce_scatter_tensor", denseccl.MismatchError, lambda: dist.reduce_scatter_tensor(out, inp), "mismatch")
 check.true("mismatch leaves the reduce_scatter output", bool((out == -1).all()))
+pair = [make("channels-last", F32, 8, rank), make("row-major" if rank == 0 else "transposed", F32, 9, rank)]
+kept = [t.clone() for t in pair]
+check.raises("layout mismatch in all_reduce_coalesced", denseccl.MismatchError, lambda: pg.allreduce_coalesced(pair).wait(), "mismatch")
+check.true("coalesced mismatch leaves the tensors", all(torch.equal(a, b) for a, b in zip(pair, kept)))
+pair = [torch.ones(4), torch.ones(8)[::2] if rank == 0 else torch.ones(4)]
+error = check.raises("gapped tensor in all_reduce_coalesced on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: pg.allreduce_coalesced(pair).wait())
+check.true(f"coalesced: rank 0 LayoutError, others MismatchError ({type(error).__name__})", isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError))
 check.raises("unsupported op", denseccl.LayoutError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND), "not supported")
 outs = [torch.empty(2) for _ in range(size)] if rank else [torch.empty(3) for _ in range(size)]
 check.raises("all_gather list with wrong shapes on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: dist.all_gather(outs, torch.ones(2)))
