@@ -8,8 +8,7 @@ layout mix-up shows up as wrong elements.
 
 from __future__ import annotations
 
-from math import gcd
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -25,17 +24,35 @@ LAYOUT_SPECS: Dict[str, Tuple[Tuple[int, ...], Tuple[int, ...]]] = {
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-12}
 
 
+def _prime_factors(n: int) -> List[int]:
+    found, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            found.append(p)
+            n //= p
+        p += 1
+    return found + ([n] if n > 1 else [])
+
+
 def logical_shape(count: int) -> Tuple[int, int, int, int]:
-    """An NCHW shape holding ``count`` elements, with channels and a spatial extent where
-    ``count`` allows (powers of two give e.g. (16, 256, 64, 64) for 16 Mi elements)."""
+    """An NCHW shape holding ``count`` elements: its prime factors go round-robin to C, H and
+    W (up to 256, 64 and 64), the rest to N, so that the four layouts differ whenever
+    ``count`` allows (1 Ki elements -> (1, 16, 8, 8); 16 Mi -> (16, 256, 64, 64))."""
     if count <= 0:
         return (0, 1, 1, 1)
-    c = gcd(count, 256)
-    rest = count // c
-    h = gcd(rest, 64)
-    rest //= h
-    w = gcd(rest, 64)
-    return (rest // w, c, h, w)
+    dims, caps = [1, 1, 1], (256, 64, 64)
+    n = 1
+    turn = 0
+    for factor in _prime_factors(count):
+        for attempt in range(3):
+            d = (turn + attempt) % 3
+            if dims[d] * factor <= caps[d]:
+                dims[d] *= factor
+                turn = d + 1
+                break
+        else:
+            n *= factor
+    return (n, dims[0], dims[1], dims[2])
 
 
 def build(lib: Any, shape: Tuple[int, ...], dtype: str, layout: str, stacked: int = 0) -> Any:
