@@ -189,6 +189,8 @@ def as_buffer(x: Any) -> Buffer:
     if module.startswith("cupy"):
         return _cupy_buffer(x)
     if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):
+            raise LayoutError("masked arrays are not supported: the mask would be ignored; pass x.filled(value) or x.data")
         return _numpy_buffer(x)
     interface = getattr(x, "__cuda_array_interface__", None)
     if interface is not None:

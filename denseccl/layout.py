@@ -47,7 +47,10 @@ def is_non_overlapping_and_dense(shape: Sequence[int], strides: Sequence[int]) -
 
 
 def span_start(shape: Sequence[int], strides: Sequence[int]) -> int:
-    """Offset (in elements, <= 0) of the lowest element from the array's data pointer."""
+    """Offset (in elements, <= 0) of the lowest element from the array's data pointer
+    (0 for an empty array, which addresses nothing)."""
+    if any(size == 0 for size in shape):
+        return 0
     return sum((size - 1) * stride for size, stride in zip(shape, strides) if stride < 0 and size > 0)
 
 

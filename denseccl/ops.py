@@ -37,7 +37,8 @@ class PreMulSum(NamedTuple):
         return ReduceOp.PREMUL_SUM
 
     def __str__(self) -> str:
-        return f"premul_sum({self.factor!r})"
+        # float() so that PreMulSum(2) and PreMulSum(2.0) describe the same op on every rank
+        return f"premul_sum({float(self.factor)!r})"
 
 
 Op = Union[ReduceOp, PreMulSum]
