@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import math
 import struct
 import threading
@@ -102,6 +103,7 @@ SCALAR_HOST_IMMEDIATE = 1  # ncclScalarHostImmediate
 NOT_READY = 600  # cudaErrorNotReady
 
 
+@functools.lru_cache(maxsize=None)
 def reducible_dtypes(version: int) -> Dict[str, int]:
     """dtype name -> ncclDataType_t of the elements it travels as, for every dtype NCCL of
     ``version`` can reduce (complex as its real type, bool as uint8)."""
@@ -311,13 +313,22 @@ class NCCLLibrary:
     _bound: ClassVar[Dict[str, Dict[str, Any]]] = {}
 
     def __init__(self, path: Optional[str] = None) -> None:
-        self.path = path or loaded_nccl_path() or "libnccl.so.2"
+        # By soname first: the dynamic linker then returns the libnccl already loaded under that
+        # name, which is the one CuPy's extension was linked against; else the mapped file.
+        candidates = [path] if path else ["libnccl.so.2", loaded_nccl_path()]
+        self.path = next((c for c in candidates if c), "libnccl.so.2")
         functions = self._bound.get(self.path)
         if functions is None:
-            try:
-                library = ctypes.CDLL(self.path)
-            except OSError as error:
-                raise DenseCCLError(f"cannot load the NCCL library {self.path}: {error}") from None
+            library, problem = None, None
+            for candidate in filter(None, candidates):
+                try:
+                    library = ctypes.CDLL(candidate)
+                    self.path = candidate
+                    break
+                except OSError as error:
+                    problem = error
+            if library is None:
+                raise DenseCCLError(f"cannot load the NCCL library {' or '.join(filter(None, candidates))}: {problem}")
             functions = {}
             for function in FUNCTIONS:
                 symbol = getattr(library, function.name, None)

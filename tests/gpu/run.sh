@@ -6,7 +6,7 @@
 # 1. picks a Python that has (or can get) CuPy, NCCL, pytest; tries pip for what is missing
 #    (from ./.whl with --no-index if that folder exists, else PyPI with short timeouts) into a
 #    private prefix, and says exactly what failed;
-# 2. runs the one-rank GPU tests (tests/gpu/test_gpu_single.py);
+# 2. runs the GPU tests of one process (all of tests/gpu but test_gpu_ranks.py);
 # 3. tries two ranks on one GPU: plainly (NCCL is expected to say "Duplicate GPU detected") and
 #    with a separate NCCL_HOSTID per rank over sockets on lo, and records what NCCL allows;
 # 4. runs the two-rank GPU tests (tests/gpu/test_gpu_ranks.py) in the mode that worked;
@@ -142,8 +142,8 @@ run_pytest() {  # name, cap, files...
 }
 
 # -- 2. one rank ---------------------------------------------------------------------------------
-step "one-rank GPU tests"
-run_pytest pytest-single 240 tests/gpu/test_gpu_single.py
+step "GPU tests in this process (all of tests/gpu but the two-rank file)"
+run_pytest pytest-single 260 tests/gpu --ignore=tests/gpu/test_gpu_ranks.py
 
 # -- 3. two ranks on one GPU ---------------------------------------------------------------------
 step "two ranks on one GPU: plain, then NCCL_HOSTID per rank"

@@ -24,7 +24,8 @@ from tests.gpu.support import spawn_ranks  # noqa: E402
 
 
 def attempt(split_hosts: bool) -> dict:
-    results = spawn_ranks(2, ["tests/gpu/rank.py", "probe"], split_hosts=split_hosts, timeout=150, extra_env={"CUDA_VISIBLE_DEVICES": "0"})
+    limit = 90 if split_hosts else 60
+    results = spawn_ranks(2, ["tests/gpu/rank.py", "probe"], split_hosts=split_hosts, timeout=limit, extra_env={"CUDA_VISIBLE_DEVICES": "0"})
     text = "\n".join(r["stdout"] + r["stderr"] for r in results)
     ok = all(r["returncode"] == 0 for r in results)
     verdict = "works" if ok else ("refused: Duplicate GPU detected" if "Duplicate GPU" in text else "failed")
