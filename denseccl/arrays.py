@@ -301,5 +301,6 @@ def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
     if buffer.library == "cuda_array_interface":
         named = getattr(buffer.owner, "__cuda_array_interface__", {}).get("stream")
         if isinstance(named, int) and not isinstance(named, bool) and named > 0:
-            return StreamRef(named, library, buffer.device)
+            # 1 is cudaStreamLegacy, the stream that handle 0 names in CuPy, torch and NCCL
+            return StreamRef(0 if named == 1 else named, library, buffer.device)
     return StreamRef(current_stream_pointer(library, buffer.device), library, buffer.device)

@@ -425,6 +425,23 @@ def test_communicator_uses_the_interface_stream(device_comm):
     assert device_comm.fake.calls[-1] == ("broadcast", x.array.ctypes.data, x.array.ctypes.data, 5, 8, 0, 9)
 
 
+def test_interface_legacy_stream_is_handle_zero(device_comm):
+    x = HostCAI(np.zeros(5, np.float64), stream=1)  # cudaStreamLegacy
+    device_comm.broadcast(x, 0)
+    assert device_comm.fake.calls[-1][-1] == 0
+    assert arrays.current_stream(arrays.as_buffer(HostCAI(np.zeros(2), stream=None))).pointer == 55
+
+
+def test_torch_tensors_resolve_torchs_current_stream(monkeypatch):
+    seen = []
+    monkeypatch.setattr(arrays, "current_stream_pointer", lambda library, device: seen.append((library, device)) or 7)
+    buffer = arrays.Buffer(1, None, 0, "torch", False, None)
+    assert arrays.current_stream(buffer) == StreamRef(7, "torch", 0) and seen == [("torch", 0)]
+    assert arrays.current_stream(buffer, SimpleNamespace(cuda_stream=9)) == StreamRef(9, "torch", 0)
+    with pytest.raises(LayoutError):
+        arrays.stream_pointer(True)
+
+
 def test_communicator_allgather_and_reduce_scatter_with_out(device_comm):
     x = HostCAI(np.zeros((2, 3), np.complex64))
     out = HostCAI(np.zeros((1, 2, 3), np.complex64))
