@@ -60,10 +60,15 @@ def digest(descriptor: Descriptor) -> int:
     return found
 
 
-def agree(control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None) -> None:
+def agree(
+    control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None,
+    value: Optional[int] = None,
+) -> None:
     """Return when every rank holds ``descriptor`` and none is invalid. Otherwise raise on every
-    rank: ``invalid`` itself on a rank that passed one, :class:`MismatchError` elsewhere."""
-    value = digest(descriptor)
+    rank: ``invalid`` itself on a rank that passed one, :class:`MismatchError` elsewhere.
+    ``value``: ``digest(descriptor)`` when the caller has it already (plans.py)."""
+    if value is None:
+        value = digest(descriptor)
     highest, negated_lowest, any_invalid = control.allreduce_max([value, -value, int(invalid is not None)], deadline)
     if highest == -negated_lowest and not any_invalid:
         return

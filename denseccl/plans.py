@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, NamedTuple
 
-from .agreement import Descriptor, agree
+from .agreement import Descriptor, agree, digest
 from .arrays import Buffer, data_pointer
 from .transports.base import Pending
 
@@ -23,6 +23,8 @@ LIMIT = 512
 
 class Plan(NamedTuple):
     descriptor: Descriptor
+    #: digest(descriptor), what the agreement step compares
+    digest: int
     #: bytes from the array's data pointer to its span's first element (<= 0)
     offset: int
     #: starts the collective on the span at the given address
@@ -32,7 +34,7 @@ class Plan(NamedTuple):
 def remember(plans: Dict[Any, Plan], key: Any, descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Pending]) -> None:
     if len(plans) >= LIMIT:
         plans.clear()
-    plans[key] = Plan(descriptor, buffer.span_pointer - buffer.pointer, start)
+    plans[key] = Plan(descriptor, digest(descriptor), buffer.span_pointer - buffer.pointer, start)
 
 
 def replay(comm: Any, plan: Plan, x: Any) -> Any:
@@ -40,6 +42,10 @@ def replay(comm: Any, plan: Plan, x: Any) -> Any:
     validation: usable?, agreement, transport call, wait; returns ``x`` (in place)."""
     comm._usable()
     if comm.check and comm.size > 1:
-        comm._guard(agree, comm.control, plan.descriptor, comm._deadline())
-    comm._wait(comm._guard(plan.start, data_pointer(x) + plan.offset))
+        comm._guard(agree, comm.control, plan.descriptor, comm._deadline(), None, plan.digest)
+    comm._guard(_start_and_wait, plan.start, data_pointer(x) + plan.offset, comm._deadline())
     return x
+
+
+def _start_and_wait(start: Callable[[int], Pending], address: int, deadline: Any) -> None:
+    start(address).wait(deadline)

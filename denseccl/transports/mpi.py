@@ -199,12 +199,13 @@ class MPIControl(ControlChannel):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._values = np.zeros(4, np.int64)
+        self._three = self._values[:3]  # the agreement's [digest, -digest, invalid]
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         n = len(values)
-        buffer = self._values[:n] if n <= 4 else np.zeros(n, np.int64)
+        buffer = self._three if n == 3 else self._values[:n] if n <= 4 else np.zeros(n, np.int64)
         buffer[:] = values
-        request = self.comm.Iallreduce(MPI.IN_PLACE, [buffer, n, MPI.INT64_T], MPI.MAX)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buffer, MPI.MAX)  # int64 buffer: mpi4py infers the type
         wait_until(request.Test, deadline, "the agreement step")
         return buffer.tolist()
 
