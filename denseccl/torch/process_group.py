@@ -125,8 +125,8 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
             self._host_problem = (
                 f"the denseccl backend moves CPU tensors over MPI, but this process was not started by an MPI "
                 f"launcher: launch all {size} ranks with mpiexec -n {size} (or launch/run -n {size}) and give "
-                "torch the MPI rank (denseccl.torch.init_process_group() does that). CUDA tensors need no MPI "
-                "launcher only if the NCCL transport can bootstrap without one"
+                "torch the MPI rank (denseccl.torch.init_process_group() does that). CUDA tensors work without "
+                "one (their NCCL communicator bootstraps over torch's store)"
             )
             return
         try:

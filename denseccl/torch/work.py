@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import os
 import threading
 import time
 import weakref
@@ -82,6 +83,7 @@ class Progress:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._stop_by = 0.0
+        self.poll = _poll_seconds(self.POLL)
         _LIVE.add(self)
 
     # -- called by the process group --------------------------------------------------------
@@ -187,7 +189,22 @@ class Progress:
                     self._inflight = []
                 return
             # a long transfer needs polls less often than a short one
-            time.sleep(self.POLL if time.monotonic() - idle_since < 0.1 else 10 * self.POLL)
+            poll = self.poll if time.monotonic() - idle_since < 0.1 else 10 * max(self.poll, self.POLL)
+            if poll > 0:
+                time.sleep(poll)
+            else:
+                os.sched_yield()
+
+
+def _poll_seconds(default: float) -> float:
+    """DENSECCL_TORCH_POLL (seconds between polls; 0 spins, yielding the core) or ``default``."""
+    raw = os.environ.get("DENSECCL_TORCH_POLL")
+    if raw is None:
+        return default
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        raise ValueError(f"DENSECCL_TORCH_POLL must be a number of seconds, got {raw!r}") from None
 
 
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
