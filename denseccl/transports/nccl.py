@@ -422,6 +422,10 @@ class CudaEvents:
     def default_stream(self) -> StreamRef:
         return StreamRef(current_stream_pointer("cupy", self.device), "cupy", self.device)
 
+    def bind_thread(self) -> None:
+        """Make this device current in the calling thread (the watchdog's)."""
+        self._runtime.setDevice(self.device)
+
     def scratch(self, nbytes: int) -> Any:
         """Device memory of ``nbytes`` (an object with ``.ptr``; freed when dropped)."""
         with self._on_device():
@@ -459,8 +463,10 @@ class Watchdog:
         async_error: Callable[[], Optional[str]],
         on_failure: Callable[[str, bool], None],
         interval: float = 0.02,
+        on_start: Optional[Callable[[], None]] = None,
     ) -> None:
         self.timeout = timeout
+        self._on_start = on_start
         self._done = done
         self._async_error = async_error
         self._on_failure = on_failure
@@ -524,6 +530,12 @@ class Watchdog:
         return None
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception as error:  # noqa: BLE001
+                self._on_failure(f"the NCCL watchdog could not start: {type(error).__name__}: {error}", False)
+                return
         while True:
             with self._condition:
                 while not self._entries and not self._stopped:
@@ -648,7 +660,9 @@ class NCCLTransport(Transport):
         self._lock = threading.Lock()
         self._closed = False
         self._scratch: Any = None
-        self._watchdog = Watchdog(timeout, self.events.done, self.async_error, self.abort, watchdog_interval)
+        self._watchdog = Watchdog(
+            timeout, self.events.done, self.async_error, self.abort, watchdog_interval, getattr(self.events, "bind_thread", None)
+        )
 
     def __repr__(self) -> str:
         return f"<NCCLTransport rank {self.rank} of {self.size} on cuda:{self.device}, NCCL {version_string(self.version)}>"

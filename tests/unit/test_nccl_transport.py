@@ -494,3 +494,17 @@ def test_communicator_split(device_comm):
     with pytest.raises(LayoutError):
         device_comm.split(-2)
 
+
+
+def test_watchdog_binds_its_thread_first():
+    import threading
+
+    started, verdicts = [], []
+    dog = nccl.Watchdog(None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: started.append(threading.current_thread().name))
+    dog.begin("allreduce")
+    assert wait_for(lambda: started) and started == ["denseccl-nccl-watchdog"]
+    dog.close()
+    broken = nccl.Watchdog(None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: 1 / 0)
+    broken.begin("allreduce")
+    assert wait_for(lambda: verdicts) and "could not start" in verdicts[0][0]
+    broken.close()
