@@ -1,0 +1,105 @@
+"""Markdown tables from ``--json`` files of the benchmark (for docs/bench.md).
+
+    python -m denseccl.bench.report scaling r2.json r4.json r8.json   # busbw by size x ranks
+    python -m denseccl.bench.report ratio run.json channels_last/denseccl contiguous/denseccl
+        # time of the first row over the second, per collective, type and size
+    python -m denseccl.bench.report types run.json   # each type's time over float32's
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import OrderedDict
+from typing import Any, Dict, List, Sequence, Tuple
+
+from .conventions import NCCL_TESTS_NAMES, TYPE_NAMES
+
+
+def load(path: str) -> Dict[str, Any]:
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def scaling(runs: Sequence[Dict[str, Any]]) -> str:
+    """busbw (GB/s) per (collective, type, layout, contender, size) row and rank-count column."""
+    columns = sorted({run["meta"]["nranks"] for run in runs})
+    table: "OrderedDict[Tuple[Any, ...], Dict[int, float]]" = OrderedDict()
+    for run in runs:
+        n = run["meta"]["nranks"]
+        for row in run["rows"]:
+            if row.get("error"):
+                continue
+            key = (NCCL_TESTS_NAMES[row["collective"]], TYPE_NAMES.get(row["type"], row["type"]), row["layout"], row["contender"], row["size"])
+            table.setdefault(key, {})[n] = row["busbw"]
+    lines = ["| collective | type | layout | contender | size | " + " | ".join(f"{n} ranks" for n in columns) + " |",
+             "|---|---|---|---|---:|" + "---:|" * len(columns)]
+    for (collective, dtype, layout, contender, size), values in sorted(table.items(), key=lambda kv: (kv[0][:4], kv[0][4])):
+        cells = [f"{values[n]:.2f}" if n in values else "" for n in columns]
+        lines.append(f"| {collective} | {dtype} | {layout} | {contender} | {_size(size)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ratio(run: Dict[str, Any], first: str, second: str) -> str:
+    """time(first) / time(second) per collective, type and size; ``first``/``second`` are
+    ``layout/contender``."""
+    def pick(spec: str) -> Dict[Tuple[str, str, Any, int], float]:
+        layout, _, contender = spec.partition("/")
+        return {(r["collective"], r["type"], r["redop"], r["size"]): r["time_us"] for r in run["rows"]
+                if not r.get("error") and r["layout"] == layout and r["contender"] == contender}
+    a, b = pick(first), pick(second)
+    lines = [f"| collective | type | size | {first} (us) | {second} (us) | ratio |", "|---|---|---:|---:|---:|---:|"]
+    for key in sorted(set(a) & set(b), key=lambda k: (k[0], k[1], str(k[2]), k[3])):
+        collective, dtype, op, size = key
+        lines.append(f"| {(NCCL_TESTS_NAMES[collective] + ' ' + (op or '')).strip()} | {TYPE_NAMES.get(dtype, dtype)} | {_size(size)} | "
+                     f"{a[key]:.1f} | {b[key]:.1f} | {a[key] / b[key]:.2f} |")
+    return "\n".join(lines)
+
+
+def types(run: Dict[str, Any], base: str = "float32") -> str:
+    """time of each type over ``base``'s, at the same collective, layout, contender and size
+    (bytes), i.e. the inverse ratio of their bus bandwidths."""
+    rows = [r for r in run["rows"] if not r.get("error")]
+    times = {(r["collective"], r["layout"], r["contender"], r["size"], r["type"]): r["time_us"] for r in rows}
+    lines = ["| collective | layout | contender | size | type | time (us) | vs " + TYPE_NAMES.get(base, base) + " |",
+             "|---|---|---|---:|---|---:|---:|"]
+    for (collective, layout, contender, size, dtype), value in sorted(times.items()):
+        reference = times.get((collective, layout, contender, size, base))
+        if reference is None or dtype == base:
+            continue
+        lines.append(f"| {NCCL_TESTS_NAMES[collective]} | {layout} | {contender} | {_size(size)} | {TYPE_NAMES.get(dtype, dtype)} | "
+                     f"{value:.1f} | {value / reference:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    p = argparse.ArgumentParser(prog="python -m denseccl.bench.report", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("scaling", help="busbw by size and rank count")
+    s.add_argument("files", nargs="+")
+    r = sub.add_parser("ratio", help="time ratio of two layout/contender rows")
+    r.add_argument("file")
+    r.add_argument("first")
+    r.add_argument("second")
+    t = sub.add_parser("types", help="time of each element type over float32's")
+    t.add_argument("file")
+    args = p.parse_args(list(argv) or None)
+    if args.what == "scaling":
+        print(scaling([load(f) for f in args.files]))
+    elif args.what == "types":
+        print(types(load(args.file)))
+    else:
+        print(ratio(load(args.file), args.first, args.second))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
