@@ -67,10 +67,13 @@ class Progress:
     """Completes the futures of one process group's operations, in a daemon thread started on
     the first asynchronous operation."""
 
-    #: Seconds between polls while operations are in flight (MPI progresses only inside MPI
-    #: calls, so polling also moves the data of long transfers along; spinning instead would
-    #: take a core from the backward pass that the transfers overlap with). Ten times longer
-    #: once nothing has completed for 0.1 s.
+    #: How the thread polls while operations are in flight (MPI progresses only inside MPI
+    #: calls, so polling also moves the data of long transfers along): it spins (yielding the
+    #: core) for SPIN seconds after an operation was submitted or completed, so that a burst
+    #: of transfers completes with low latency, then sleeps POLL seconds between polls (a
+    #: spinning thread would take a core from the backward pass the transfers overlap with),
+    #: ten times longer once nothing happened for 0.1 s.
+    SPIN = 5e-3
     POLL = 50e-6
 
     def __init__(self, name: str) -> None:
@@ -83,6 +86,7 @@ class Progress:
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
         self._stop_by = 0.0
+        self._active = 0.0  # when an operation was last submitted or completed
         self.poll = _poll_seconds(self.POLL)
         _LIVE.add(self)
 
@@ -93,6 +97,7 @@ class Progress:
             if self._stopping:
                 raise RuntimeError(f"{self.name}: the process group has been shut down")
             self._inflight.append(operation)
+            self._active = time.monotonic()
             if self._thread is None:
                 _register_exit_hook()
                 self._thread = threading.Thread(target=self._run, name=f"{self.name}-progress", daemon=True)
@@ -160,7 +165,6 @@ class Progress:
         operation.future.set_result(value)
 
     def _run(self) -> None:
-        idle_since = time.monotonic()
         while True:
             with self._wake:
                 while not self._inflight and not self._stopping:
@@ -176,7 +180,7 @@ class Progress:
                     if operation.done:
                         settled.append(operation)
             if settled:
-                idle_since = time.monotonic()
+                self._active = time.monotonic()
                 with self._wake:
                     self._inflight = [op for op in self._inflight if not op.done]
             if self._stopping and time.monotonic() > self._stop_by:
@@ -189,11 +193,11 @@ class Progress:
                     self._inflight = []
                 return
             # a long transfer needs polls less often than a short one
-            poll = self.poll if time.monotonic() - idle_since < 0.1 else 10 * max(self.poll, self.POLL)
-            if poll > 0:
-                time.sleep(poll)
-            else:
+            quiet = time.monotonic() - self._active
+            if self.poll == 0 or quiet < self.SPIN:
                 os.sched_yield()
+            else:
+                time.sleep(self.poll if quiet < 0.1 else 10 * self.poll)
 
 
 def _poll_seconds(default: float) -> float:
