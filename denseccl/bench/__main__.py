@@ -62,6 +62,20 @@ def _checks(text: str) -> List[bool]:
     return found
 
 
+def _gpu_problem() -> Optional[str]:
+    """Why this machine cannot run the GPU benchmark, or None."""
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError as error:
+        return f"CuPy is not installed ({error}; pip install 'denseccl[cuda12]')"
+    try:
+        if not cupy.is_available():
+            return "no CUDA GPU is visible (cupy.is_available() is False)"
+    except Exception as error:  # noqa: BLE001
+        return f"CUDA is not usable ({error})"
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -96,6 +110,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         known, make = HOST_CONTENDERS, host_contenders
     else:
+        problem = _gpu_problem()
+        if problem is not None:
+            if job.rank == 0:
+                print(f"denseccl.bench: --backend nccl needs a GPU: {problem}; use --backend mpi for host arrays", file=sys.stderr)
+            return 2
         from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
 
         known, make = DEVICE_CONTENDERS, device_contenders

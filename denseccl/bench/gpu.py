@@ -43,7 +43,7 @@ def use_device(job: Job) -> None:
         pass
 
 
-class DenseccDevice(Denseccl):
+class DensecclDevice(Denseccl):
     """denseccl with the NCCL backend; CuPy arrays (torch CUDA tensors for bfloat16)."""
 
     def lib(self, dtype: str) -> Any:
@@ -156,6 +156,8 @@ class Cupyx(Contender):
             return "cupyx.distributed has no avg"
         if case.layout in ("channels_last", "reversed"):
             return "cupyx.distributed accepts C- or F-contiguous arrays only"
+        if case.layout == "transposed" and case.collective in ("allgather", "reduce_scatter"):
+            return "a stacked buffer of F-ordered blocks is neither C- nor F-contiguous"
         if case.dtype == "bfloat16":
             return "CuPy has no bfloat16"
         return None
@@ -191,7 +193,7 @@ def device_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], no
     found: List[Contender] = []
     for name in names:
         if name == "denseccl":
-            found.extend(DenseccDevice(job, check) for check in checks)
+            found.extend(DensecclDevice(job, check) for check in checks)
         elif name in ("nccl", "naive"):
             found.append(RawNccl(job, naive=name == "naive"))
         elif name == "torch-nccl":
