@@ -320,7 +320,7 @@ def describe_environment() -> str:
     if problem is not None:
         return problem
     cupy, nccl = _require_nccl()
-    from .transports.nccl import version_string  # noqa: PLC0415
+    from .transports.nccl_tables import version_string  # noqa: PLC0415
 
     return (
         f"CuPy {cupy.__version__}, NCCL {version_string(nccl.get_version())}, "

@@ -16,6 +16,7 @@ import denseccl
 from denseccl import nccl_bootstrap
 from denseccl.errors import MismatchError
 from denseccl.transports import nccl as nccl_transport
+from denseccl.transports.nccl_tables import version_code
 from denseccl.transports.mpi import MPIControl
 from denseccl.transports.store import SoloControl, StoreControl
 from tests.unit.test_nccl_transport import FakeComm, FakeEvents, HostCAI
@@ -36,7 +37,7 @@ class FakeNccl(types.SimpleNamespace):
             return bytes([self._counter]) * 128
 
     def get_version(self):
-        return nccl_transport.version_code(2, 27, 3)
+        return version_code(2, 27, 3)
 
     def NcclCommunicator(self, size, unique_id, rank):  # noqa: N802 - CuPy's name
         if not isinstance(unique_id, bytes):

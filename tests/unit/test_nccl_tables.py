@@ -13,19 +13,19 @@ import pytest
 
 from denseccl.errors import LayoutError
 from denseccl.ops import DTYPES, PreMulSum, ReduceOp
-from denseccl.transports import nccl
+from denseccl.transports import nccl_library, nccl_tables
 
-NEW = nccl.version_code(2, 32, 3)
-OLD = nccl.version_code(2, 8, 4)
+NEW = nccl_tables.version_code(2, 32, 3)
+OLD = nccl_tables.version_code(2, 8, 4)
 
 
 def test_version_codes():
-    assert nccl.version_code(2, 7, 8) == 2708
-    assert nccl.version_code(2, 10, 3) == 21003
-    assert nccl.version_code(2, 32, 3) == 23203
+    assert nccl_tables.version_code(2, 7, 8) == 2708
+    assert nccl_tables.version_code(2, 10, 3) == 21003
+    assert nccl_tables.version_code(2, 32, 3) == 23203
     for code in (2708, 21003, 23203, 22400):
-        major, minor, patch = map(int, nccl.version_string(code).split("."))
-        assert nccl.version_code(major, minor, patch) == code
+        major, minor, patch = map(int, nccl_tables.version_string(code).split("."))
+        assert nccl_tables.version_code(major, minor, patch) == code
 
 
 def test_type_codes_follow_nccl_h():
@@ -33,8 +33,9 @@ def test_type_codes_follow_nccl_h():
         "int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
         "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9, "float8_e4m3fn": 10, "float8_e5m2": 11,
     }  # fmt: skip
-    assert {name: code for name, (code, _) in nccl.NCCL_TYPES.items()} == expected
-    assert nccl.NCCL_OPS == {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.AVG: 4}
+    assert {name: code for name, (code, _) in nccl_tables.NCCL_TYPES.items()} == expected
+    ops = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.AVG: 4}
+    assert nccl_tables.NCCL_OPS == ops
 
 
 def test_cupy_constants_agree_where_cupy_has_them():
@@ -47,24 +48,24 @@ def test_cupy_constants_agree_where_cupy_has_them():
                            ("float32", "NCCL_FLOAT32"), ("float64", "NCCL_FLOAT64"), ("bfloat16", "NCCL_BFLOAT16"),
                            ("uint64", "NCCL_UINT64")]:  # fmt: skip
         if hasattr(cupy_nccl, constant):
-            assert nccl.NCCL_TYPES[name][0] == getattr(cupy_nccl, constant)
+            assert nccl_tables.NCCL_TYPES[name][0] == getattr(cupy_nccl, constant)
     for op, constant in [(ReduceOp.SUM, "NCCL_SUM"), (ReduceOp.PRODUCT, "NCCL_PROD"), (ReduceOp.MAX, "NCCL_MAX"),
                          (ReduceOp.MIN, "NCCL_MIN"), (ReduceOp.AVG, "NCCL_AVG")]:  # fmt: skip
         if hasattr(cupy_nccl, constant):
-            assert nccl.NCCL_OPS[op] == getattr(cupy_nccl, constant)
+            assert nccl_tables.NCCL_OPS[op] == getattr(cupy_nccl, constant)
 
 
 def test_dtype_table_by_version():
-    new, old = nccl.reducible_dtypes(NEW), nccl.reducible_dtypes(OLD)
+    new, old = nccl_tables.reducible_dtypes(NEW), nccl_tables.reducible_dtypes(OLD)
     assert {"float8_e4m3fn", "float8_e5m2", "bfloat16"} <= set(new)
     assert "bfloat16" not in old and "float8_e4m3fn" not in old
-    assert "float8_e4m3fn" not in nccl.reducible_dtypes(nccl.version_code(2, 23, 4))
-    assert "float8_e4m3fn" in nccl.reducible_dtypes(nccl.version_code(2, 24, 3))
+    assert "float8_e4m3fn" not in nccl_tables.reducible_dtypes(nccl_tables.version_code(2, 23, 4))
+    assert "float8_e4m3fn" in nccl_tables.reducible_dtypes(nccl_tables.version_code(2, 24, 3))
     assert new["complex64"] == new["float32"] and new["complex128"] == new["float64"] and new["bool"] == new["uint8"]
     assert "int16" not in new and "uint16" not in new
     # every dtype can be moved (broadcast, allgather): those without an NCCL type as bytes
-    assert set(nccl.nccl_dtypes(NEW)) == set(DTYPES) == set(nccl.nccl_dtypes(OLD))
-    assert nccl.nccl_dtypes(OLD)["bfloat16"] == nccl.UINT8
+    assert set(nccl_tables.nccl_dtypes(NEW)) == set(DTYPES) == set(nccl_tables.nccl_dtypes(OLD))
+    assert nccl_tables.nccl_dtypes(OLD)["bfloat16"] == nccl_tables.UINT8
 
 
 @pytest.mark.parametrize(
@@ -81,42 +82,43 @@ def test_dtype_table_by_version():
     ],
 )
 def test_elements(name, count, expected):
-    assert nccl.elements(DTYPES[name], count, nccl.reducible_dtypes(NEW)) == expected
+    assert nccl_tables.elements(DTYPES[name], count, nccl_tables.reducible_dtypes(NEW)) == expected
 
 
 def test_elements_before_fp8_move_bytes():
-    assert nccl.elements(DTYPES["float8_e4m3fn"], 7, nccl.reducible_dtypes(nccl.version_code(2, 21, 5))) == (1, 7)
+    before_fp8 = nccl_tables.reducible_dtypes(nccl_tables.version_code(2, 21, 5))
+    assert nccl_tables.elements(DTYPES["float8_e4m3fn"], 7, before_fp8) == (1, 7)
 
 
 def test_builtin_ops_and_bool():
     f32, boolean = DTYPES["float32"], DTYPES["bool"]
-    assert nccl.builtin_op(ReduceOp.SUM, f32) == 0 and nccl.builtin_op(ReduceOp.AVG, f32) == 4
-    assert nccl.builtin_op(ReduceOp.SUM, boolean) == nccl.NCCL_OPS[ReduceOp.MAX]  # logical or
-    assert nccl.builtin_op(ReduceOp.PRODUCT, boolean) == nccl.NCCL_OPS[ReduceOp.MIN]  # logical and
-    assert nccl.builtin_op(ReduceOp.MIN, boolean) == nccl.NCCL_OPS[ReduceOp.MIN]
+    assert nccl_tables.builtin_op(ReduceOp.SUM, f32) == 0 and nccl_tables.builtin_op(ReduceOp.AVG, f32) == 4
+    assert nccl_tables.builtin_op(ReduceOp.SUM, boolean) == nccl_tables.NCCL_OPS[ReduceOp.MAX]  # logical or
+    assert nccl_tables.builtin_op(ReduceOp.PRODUCT, boolean) == nccl_tables.NCCL_OPS[ReduceOp.MIN]  # logical and
+    assert nccl_tables.builtin_op(ReduceOp.MIN, boolean) == nccl_tables.NCCL_OPS[ReduceOp.MIN]
 
 
 def test_check_op():
     c64 = DTYPES["complex64"]
     for op in (ReduceOp.SUM, ReduceOp.AVG, PreMulSum(0.5)):
-        nccl.check_op(op, c64, NEW)
+        nccl_tables.check_op(op, c64, NEW)
     with pytest.raises(LayoutError, match="pairs of reals"):
-        nccl.check_op(ReduceOp.PRODUCT, c64, NEW)
+        nccl_tables.check_op(ReduceOp.PRODUCT, c64, NEW)
     with pytest.raises(LayoutError, match="2.10"):
-        nccl.check_op(ReduceOp.AVG, DTYPES["float32"], OLD)
+        nccl_tables.check_op(ReduceOp.AVG, DTYPES["float32"], OLD)
     with pytest.raises(LayoutError, match="2.11"):
-        nccl.check_op(PreMulSum(2.0), DTYPES["float32"], nccl.version_code(2, 10, 3))
+        nccl_tables.check_op(PreMulSum(2.0), DTYPES["float32"], nccl_tables.version_code(2, 10, 3))
     with pytest.raises(LayoutError, match="int16"):
-        nccl.check_op(ReduceOp.SUM, DTYPES["int16"], NEW)
+        nccl_tables.check_op(ReduceOp.SUM, DTYPES["int16"], NEW)
     with pytest.raises(LayoutError, match="2.24"):
-        nccl.check_op(ReduceOp.SUM, DTYPES["float8_e4m3fn"], nccl.version_code(2, 23, 4))
+        nccl_tables.check_op(ReduceOp.SUM, DTYPES["float8_e4m3fn"], nccl_tables.version_code(2, 23, 4))
     with pytest.raises(LayoutError, match="range"):
-        nccl.check_op(PreMulSum(1000.0), DTYPES["float8_e4m3fn"], NEW)
+        nccl_tables.check_op(PreMulSum(1000.0), DTYPES["float8_e4m3fn"], NEW)
     with pytest.raises(LayoutError, match="range"):
-        nccl.check_op(PreMulSum(1e5), DTYPES["float16"], NEW)
-    nccl.check_op(PreMulSum(448.0), DTYPES["float8_e4m3fn"], NEW)
-    nccl.check_op(PreMulSum(1e30), DTYPES["bfloat16"], NEW)
-    nccl.check_op(ReduceOp.MAX, DTYPES["bool"], NEW)
+        nccl_tables.check_op(PreMulSum(1e5), DTYPES["float16"], NEW)
+    nccl_tables.check_op(PreMulSum(448.0), DTYPES["float8_e4m3fn"], NEW)
+    nccl_tables.check_op(PreMulSum(1e30), DTYPES["bfloat16"], NEW)
+    nccl_tables.check_op(ReduceOp.MAX, DTYPES["bool"], NEW)
 
 
 # -- PreMulSum scalars, bit for bit ------------------------------------------------------------
@@ -133,14 +135,14 @@ SAMPLES = [
 def test_float16_bits_match_numpy(value):
     with np.errstate(over="ignore"):
         expected = int(np.array(value, np.float16).view(np.uint16))
-    assert nccl.encode_small_float(value, "float16") == expected
+    assert nccl_tables.encode_small_float(value, "float16") == expected
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_small_float_bits_match_torch(name):
     torch = pytest.importorskip("torch")
     dtype = getattr(torch, name)
-    limit = nccl.max_finite(name)
+    limit = nccl_tables.max_finite(name)
     for value in SAMPLES + [-v for v in SAMPLES] + list(np.linspace(-limit, limit, 997)):
         value = float(value)
         if abs(value) > limit:
@@ -149,40 +151,40 @@ def test_small_float_bits_match_torch(name):
         single = float(np.float32(value))
         expected = int(torch.tensor(single, dtype=torch.float32).to(dtype).view(torch.uint8 if dtype.itemsize == 1 else torch.int16).item())
         expected &= 0xFF if dtype.itemsize == 1 else 0xFFFF
-        assert nccl.encode_small_float(single, name) == expected, (name, single)
+        assert nccl_tables.encode_small_float(single, name) == expected, (name, single)
 
 
 def test_small_float_specials():
-    assert nccl.encode_small_float(math.inf, "float16") == 0x7C00
-    assert nccl.encode_small_float(-math.inf, "bfloat16") == 0xFF80
-    assert nccl.encode_small_float(math.nan, "bfloat16") == 0x7FC0
-    assert nccl.encode_small_float(math.nan, "float8_e4m3fn") == 0x7F
-    assert nccl.encode_small_float(1e9, "float8_e4m3fn") == 0x7E  # no inf: the largest finite, 448
-    assert nccl.encode_small_float(1e9, "float8_e5m2") == 0x7C  # inf
+    assert nccl_tables.encode_small_float(math.inf, "float16") == 0x7C00
+    assert nccl_tables.encode_small_float(-math.inf, "bfloat16") == 0xFF80
+    assert nccl_tables.encode_small_float(math.nan, "bfloat16") == 0x7FC0
+    assert nccl_tables.encode_small_float(math.nan, "float8_e4m3fn") == 0x7F
+    assert nccl_tables.encode_small_float(1e9, "float8_e4m3fn") == 0x7E  # no inf: the largest finite, 448
+    assert nccl_tables.encode_small_float(1e9, "float8_e5m2") == 0x7C  # inf
 
 
 def test_premul_scalars():
-    assert nccl.premul_scalar(0.25, "float32") == struct.pack("<f", 0.25)
-    assert nccl.premul_scalar(0.1, "float64") == struct.pack("<d", 0.1)
-    assert nccl.premul_scalar(0.5, "float16") == np.float16(0.5).tobytes()
-    assert nccl.premul_scalar(1.0, "bfloat16") == (0x3F80).to_bytes(2, "little")
-    assert nccl.premul_scalar(1.0, "float8_e4m3fn") == bytes([0x38])
-    assert nccl.premul_scalar(-3, "int32") == np.int32(-3).tobytes()
-    assert nccl.premul_scalar(3, "uint64") == np.uint64(3).tobytes()
-    assert nccl.premul_scalar(-1, "uint8") == bytes([255])  # multiplication mod 2**8 gives the same result
-    assert nccl.premul_scalar(2**40, "int64") == np.int64(2**40).tobytes()
+    assert nccl_tables.premul_scalar(0.25, "float32") == struct.pack("<f", 0.25)
+    assert nccl_tables.premul_scalar(0.1, "float64") == struct.pack("<d", 0.1)
+    assert nccl_tables.premul_scalar(0.5, "float16") == np.float16(0.5).tobytes()
+    assert nccl_tables.premul_scalar(1.0, "bfloat16") == (0x3F80).to_bytes(2, "little")
+    assert nccl_tables.premul_scalar(1.0, "float8_e4m3fn") == bytes([0x38])
+    assert nccl_tables.premul_scalar(-3, "int32") == np.int32(-3).tobytes()
+    assert nccl_tables.premul_scalar(3, "uint64") == np.uint64(3).tobytes()
+    assert nccl_tables.premul_scalar(-1, "uint8") == bytes([255])  # multiplication mod 2**8 gives the same result
+    assert nccl_tables.premul_scalar(2**40, "int64") == np.int64(2**40).tobytes()
     with pytest.raises(LayoutError):
-        nccl.premul_scalar(1.0, "int16")
+        nccl_tables.premul_scalar(1.0, "int16")
 
 
 # -- the ctypes layer -------------------------------------------------------------------------
 
 
 def test_functions_are_declared_as_data():
-    names = [function.name for function in nccl.FUNCTIONS]
+    names = [function.name for function in nccl_library.FUNCTIONS]
     assert len(names) == len(set(names))
     assert {"ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclGetErrorString", "ncclGetVersion"} <= set(names)
-    for function in nccl.FUNCTIONS:
+    for function in nccl_library.FUNCTIONS:
         assert isinstance(function.argtypes, list)
 
 
@@ -194,7 +196,7 @@ def _library():
         except Exception:  # noqa: BLE001
             pass
     try:
-        return nccl.NCCLLibrary()
+        return nccl_library.NCCLLibrary()
     except Exception as error:  # noqa: BLE001
         pytest.skip(f"no libnccl here: {error}")
 
@@ -205,12 +207,12 @@ def test_library_binding_without_a_gpu():
     assert version >= 2000
     assert library.error_string(6)  # ncclRemoteError has a message
     assert library.error_string(0)
-    with pytest.raises(nccl.NCCLError, match="ncclGetVersion failed") as raised:
+    with pytest.raises(nccl_library.NCCLError, match="ncclGetVersion failed") as raised:
         library.NCCL_CHECK(4, "ncclGetVersion")
     assert raised.value.status == 4
-    assert nccl.NCCLLibrary(library.path)._functions is library._functions  # bound once per path
+    assert nccl_library.NCCLLibrary(library.path)._functions is library._functions  # bound once per path
 
 
 def test_library_missing_path():
     with pytest.raises(Exception, match="cannot load"):
-        nccl.NCCLLibrary("/nonexistent/libnccl.so.2")
+        nccl_library.NCCLLibrary("/nonexistent/libnccl.so.2")

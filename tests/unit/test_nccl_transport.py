@@ -18,10 +18,10 @@ from denseccl.arrays import StreamRef
 from denseccl.communicator import Communicator
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from denseccl.ops import DTYPES, PreMulSum, ReduceOp
-from denseccl.transports import nccl
+from denseccl.transports import nccl, nccl_events, nccl_tables
 from denseccl.transports.store import SoloControl
 
-VERSION = nccl.version_code(2, 27, 3)
+VERSION = nccl_tables.version_code(2, 27, 3)
 F32, C64, BOOL, I16, F16 = (DTYPES[n] for n in ("float32", "complex64", "bool", "int16", "float16"))
 
 
@@ -344,7 +344,7 @@ def test_watchdog_drops_finished_and_cancelled_work():
 
 def test_watchdog_counts_a_blocked_enqueue():
     verdicts = []
-    dog = nccl.Watchdog(0.1, lambda event: True, lambda: None, lambda reason, late: verdicts.append((reason, late)), 0.01)
+    dog = nccl_events.Watchdog(0.1, lambda event: True, lambda: None, lambda reason, late: verdicts.append((reason, late)), 0.01)
     dog.begin("allreduce")  # never armed: the enqueue call is still inside NCCL
     assert wait_for(lambda: verdicts)
     assert verdicts[0][1] is True and "allreduce" in verdicts[0][0]
@@ -369,7 +369,7 @@ def test_split():
     assert comm.calls[-1] == ("commSplit", 3, 1)
     assert (part.size, part.device, part.timeout, part.version) == (1, 0, 7.0, VERSION)
     assert transport.split(None, 0) is None and comm.calls[-1] == ("commSplit", -1, 0)
-    old, _, _, _ = make(version=nccl.version_code(2, 17, 1))
+    old, _, _, _ = make(version=nccl_tables.version_code(2, 17, 1))
     with pytest.raises(DenseCCLError, match="2.18"):
         old.split(0, 0)
 
@@ -500,11 +500,13 @@ def test_watchdog_binds_its_thread_first():
     import threading
 
     started, verdicts = [], []
-    dog = nccl.Watchdog(None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: started.append(threading.current_thread().name))
+    dog = nccl_events.Watchdog(None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: started.append(threading.current_thread().name))
     dog.begin("allreduce")
     assert wait_for(lambda: started) and started == ["denseccl-nccl-watchdog"]
     dog.close()
-    broken = nccl.Watchdog(None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: 1 / 0)
+    broken = nccl_events.Watchdog(
+        None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: 1 / 0
+    )
     broken.begin("allreduce")
     assert wait_for(lambda: verdicts) and "could not start" in verdicts[0][0]
     broken.close()

@@ -1,0 +1,234 @@
+"""What NCCL of each version can do, as data: version codes and gates, the ``ncclDataType_t``
+and ``ncclRedOp_t`` tables, and how a denseccl dtype and op map onto them.
+
+Pure Python, no GPU and no libnccl: the transport asks these tables which type and count a call
+carries (:func:`elements`), which built-in op it names (:func:`builtin_op`), whether NCCL of its
+version can run an op on a dtype at all (:func:`check_op`), and the bytes of a PreMulSum factor
+in the dtype's own format (:func:`premul_scalar`, with :func:`encode_small_float` for the 16-
+and 8-bit floats). Kept apart from the transport so that they are tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from typing import Dict, NamedTuple, Tuple
+
+from ..errors import LayoutError
+from ..ops import BOOL_OPS, DTYPES, DType, Op, PreMulSum, ReduceOp, op_kind
+
+# -- versions ------------------------------------------------------------------------------------
+
+
+def version_code(major: int, minor: int, patch: int = 0) -> int:
+    """NCCL's ``NCCL_VERSION(X, Y, Z)``: ``X*1000 + Y*100 + Z`` up to 2.8, ``X*10000 + Y*100 + Z``
+    from 2.9 on (what ``ncclGetVersion`` and ``cupy.cuda.nccl.get_version()`` return)."""
+    if major <= 2 and minor <= 8:
+        return major * 1000 + minor * 100 + patch
+    return major * 10000 + minor * 100 + patch
+
+
+def version_string(code: int) -> str:
+    """``23203`` -> ``"2.32.3"``; ``2708`` -> ``"2.7.8"``."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+AVG_SINCE = version_code(2, 10)
+BFLOAT16_SINCE = version_code(2, 10)
+PREMUL_SUM_SINCE = version_code(2, 11)
+SPLIT_SINCE = version_code(2, 18, 1)
+FP8_SINCE = version_code(2, 24)
+
+# -- tables --------------------------------------------------------------------------------------
+
+#: ncclDataType_t values (nccl.h), with the first NCCL version that has each.
+NCCL_TYPES: Dict[str, Tuple[int, int]] = {
+    "int8": (0, 0),
+    "uint8": (1, 0),
+    "int32": (2, 0),
+    "uint32": (3, 0),
+    "int64": (4, 0),
+    "uint64": (5, 0),
+    "float16": (6, 0),
+    "float32": (7, 0),
+    "float64": (8, 0),
+    "bfloat16": (9, BFLOAT16_SINCE),
+    "float8_e4m3fn": (10, FP8_SINCE),  # ncclFloat8e4m3
+    "float8_e5m2": (11, FP8_SINCE),  # ncclFloat8e5m2
+}
+UINT8 = NCCL_TYPES["uint8"][0]
+INT32 = NCCL_TYPES["int32"][0]
+
+#: dtypes NCCL has no type for, carried as another: complex as pairs of reals, bool as bytes.
+CARRIED_AS: Dict[str, str] = {"complex64": "float32", "complex128": "float64", "bool": "uint8"}
+
+#: ncclRedOp_t values of the built-in ops (nccl.h).
+NCCL_OPS: Dict[ReduceOp, int] = {
+    ReduceOp.SUM: 0,
+    ReduceOp.PRODUCT: 1,
+    ReduceOp.MAX: 2,
+    ReduceOp.MIN: 3,
+    ReduceOp.AVG: 4,
+}
+_COMPLEX_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PREMUL_SUM})
+
+
+@functools.lru_cache(maxsize=None)
+def reducible_dtypes(version: int) -> Dict[str, int]:
+    """dtype name -> ncclDataType_t of the elements it travels as, for every dtype NCCL of
+    ``version`` can reduce (complex as its real type, bool as uint8)."""
+    table = {name: code for name, (code, since) in NCCL_TYPES.items() if version >= since}
+    for name, carrier in CARRIED_AS.items():
+        if carrier in table:
+            table[name] = table[carrier]
+    return table
+
+
+def nccl_dtypes(version: int) -> Dict[str, int]:
+    """The transport's ``dtypes``: every dtype it can move. Those NCCL cannot reduce (int16,
+    uint16; fp8 before NCCL 2.24) travel as bytes (uint8) in broadcast and allgather."""
+    table = {name: UINT8 for name in DTYPES}
+    table.update(reducible_dtypes(version))
+    return table
+
+
+def elements(dtype: DType, count: int, reducible: Dict[str, int]) -> Tuple[int, int]:
+    """``(ncclDataType_t, count)`` for ``count`` elements of ``dtype``: complex doubles the
+    count; a dtype NCCL cannot reduce travels as ``count * itemsize`` bytes."""
+    code = reducible.get(dtype.name)
+    if code is None:
+        return UINT8, count * dtype.itemsize
+    return code, count * 2 if dtype.kind == "c" else count
+
+
+def builtin_op(op: Op, dtype: DType) -> int:
+    """ncclRedOp_t of a built-in op (bool: sum/prod as max/min)."""
+    kind = op_kind(op)
+    if dtype.kind == "b":
+        kind = BOOL_OPS[kind]
+    return NCCL_OPS[kind]
+
+
+class _Format(NamedTuple):
+    """A binary floating-point format: significant bits (with the implicit one), smallest
+    normal exponent, exponent bias and field width, largest finite value, whether it has inf."""
+
+    precision: int
+    emin: int
+    bias: int
+    exponent_bits: int
+    max_finite: float
+    has_inf: bool
+
+
+_FORMATS: Dict[str, _Format] = {
+    "float16": _Format(11, -14, 15, 5, 65504.0, True),
+    "bfloat16": _Format(8, -126, 127, 8, (2 - 2**-7) * 2.0**127, True),
+    "float8_e4m3fn": _Format(4, -6, 7, 4, 448.0, False),
+    "float8_e5m2": _Format(3, -14, 15, 5, 57344.0, True),
+}
+
+
+def max_finite(name: str) -> float:
+    """Largest finite value of a float dtype."""
+    if name in _FORMATS:
+        return _FORMATS[name].max_finite
+    return {"float32": float(struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]), "float64": math.inf}.get(name, math.inf)
+
+
+def encode_small_float(value: float, name: str) -> int:
+    """Bits of ``value`` rounded to nearest (ties to even) in a 16- or 8-bit float format;
+    beyond the largest finite value: inf where the format has one, else that largest value."""
+    fmt = _FORMATS[name]
+    mantissa_bits = fmt.precision - 1
+    sign = 1 if math.copysign(1.0, value) < 0 else 0
+    top = sign << (fmt.exponent_bits + mantissa_bits)
+    magnitude = abs(value)
+    all_ones = (1 << fmt.exponent_bits) - 1
+    if math.isnan(magnitude):
+        if fmt.has_inf:
+            return top | (all_ones << mantissa_bits) | (1 << (mantissa_bits - 1))
+        return top | (all_ones << mantissa_bits) | ((1 << mantissa_bits) - 1)
+    if magnitude == 0:
+        return top
+    if not math.isinf(magnitude):
+        _, exponent = math.frexp(magnitude)  # magnitude = m * 2**exponent, 0.5 <= m < 1
+        quantum = max(exponent - fmt.precision, fmt.emin - mantissa_bits)
+        magnitude = round(math.ldexp(magnitude, -quantum)) * 2.0**quantum  # round() ties to even
+    if magnitude == 0:  # rounded to zero
+        return top
+    if magnitude > fmt.max_finite:
+        if fmt.has_inf:
+            return top | (all_ones << mantissa_bits)
+        magnitude = fmt.max_finite
+    _, exponent = math.frexp(magnitude)
+    unbiased = exponent - 1
+    if unbiased < fmt.emin:  # subnormal
+        return top | int(math.ldexp(magnitude, mantissa_bits - fmt.emin))
+    fraction = int(math.ldexp(magnitude, mantissa_bits - unbiased)) - (1 << mantissa_bits)
+    return top | ((unbiased + fmt.bias) << mantissa_bits) | fraction
+
+
+def premul_scalar(factor: float, name: str) -> bytes:
+    """The PreMulSum factor in the memory format of the dtype ``name`` (a real dtype: complex
+    inputs are scaled through their real type), as ``ncclScalarHostImmediate`` reads it."""
+    if name in _FORMATS:
+        bits = encode_small_float(float(factor), name)
+        return bits.to_bytes(1 if name.startswith("float8") else 2, "little")
+    if name == "float32":
+        return struct.pack("<f", float(factor))
+    if name == "float64":
+        return struct.pack("<d", float(factor))
+    sizes = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
+    if name in sizes:
+        width = sizes[name]
+        return (int(factor) % (1 << (8 * width))).to_bytes(width, "little")
+    raise LayoutError(f"PreMulSum has no NCCL scalar for dtype {name}")
+
+
+def check_op(op: Op, dtype: DType, version: int) -> None:
+    """What NCCL of ``version`` cannot do beyond the common tables: reduce a dtype it has no
+    type for, complex other than sum/avg/premul_sum, avg before 2.10, PreMulSum before 2.11 or
+    with a factor the dtype cannot hold."""
+    kind = op_kind(op)
+    if dtype.name not in reducible_dtypes(version):
+        since = NCCL_TYPES.get(dtype.name, (None, None))[1]
+        why = f"it needs NCCL >= {version_string(since)}" if since else "NCCL has no such type"
+        raise LayoutError(
+            f"dtype {dtype.name} cannot be reduced by the nccl transport ({why}; this is NCCL "
+            f"{version_string(version)}); broadcast and allgather move it, reductions need a wider dtype or the "
+            "mpi backend"
+        )
+    if dtype.kind == "c" and kind not in _COMPLEX_OPS:
+        raise LayoutError(
+            f"op {op} is not supported for {dtype.name} by the nccl transport: NCCL reduces complex numbers as "
+            "pairs of reals, which is right for sum, avg and PreMulSum with a real factor only; use the mpi "
+            "backend for a complex product"
+        )
+    if kind is ReduceOp.AVG and version < AVG_SINCE:
+        raise LayoutError(f"op avg needs NCCL >= 2.10 (this is NCCL {version_string(version)}); use sum and divide")
+    if isinstance(op, PreMulSum):
+        if version < PREMUL_SUM_SINCE:
+            raise LayoutError(
+                f"PreMulSum needs NCCL >= 2.11 (this is NCCL {version_string(version)}); scale the input and use sum"
+            )
+        carrier = CARRIED_AS.get(dtype.name, dtype.name)
+        if abs(float(op.factor)) > max_finite(carrier):
+            raise LayoutError(
+                f"PreMulSum factor {op.factor!r} is beyond the range of {carrier} (largest {max_finite(carrier)!r}); "
+                "use a smaller factor or a wider dtype"
+            )
+
+__all__ = [
+    "check_op",
+    "elements",
+    "encode_small_float",
+    "nccl_dtypes",
+    "premul_scalar",
+    "reducible_dtypes",
+    "version_code",
+    "version_string",
+]
