@@ -93,7 +93,8 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx: Any, devices: Sequence[torch.device], *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:  # type: ignore[override]
         ctx.source = tensors[0].device if tensors else torch.device("cpu")
         ctx.count = len(tensors)
-        ctx.save_for_backward(*tensors)
+        # layouts only (meta tensors): the parameters may be updated in place before backward
+        ctx.templates = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
         copies = broadcast_coalesced(tensors, devices)
         # a replica that is the original itself comes out as a new tensor object (a view)
         outputs = [out.view_as(out) if out is tensors[i] else out for per_device in copies for i, out in enumerate(per_device)]
@@ -102,10 +103,9 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        originals = ctx.saved_tensors
         n = ctx.count
         per_device = [list(grads[i : i + n]) for i in range(0, len(grads), n)]
-        reduced = reduce_add_coalesced(per_device, ctx.source, originals)
+        reduced = reduce_add_coalesced(per_device, ctx.source, ctx.templates)
         return (None, *reduced)
 
 
