@@ -167,6 +167,7 @@ class NCCLTransport(Transport):
     def _reduction(self, op: Op, dtype: DType) -> int:
         if not isinstance(op, PreMulSum):
             return builtin_op(op, dtype)
+        self.raise_if_failed()  # an aborted communicator has a null handle: say it is broken instead
         carrier = CARRIED_AS.get(dtype.name, dtype.name)
         key = (float(op.factor), carrier)
         found = self._premul.get(key)
