@@ -370,13 +370,3 @@ def test_dataparallel_without_gpus_runs_the_module_like_nn_dataparallel():
     ours(x).sum().backward()
     assert dt.grad_layout_violations(model) == []
 
-
-def test_replicas_backward_after_the_parameters_changed_in_place():
-    model = net()
-    replicas = dt.replicate(model, ["cpu", "cpu"])
-    loss = sum(r(torch.randn(2, 3, 6, 6, dtype=torch.float64)).sum() for r in replicas)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)  # e.g. an optimizer step before this backward
-    loss.backward()
-    assert dt.grad_layout_violations(model) == [] and all(p.grad is not None for p in model.parameters())
