@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import OrderedDict
 from typing import Any, Dict, List, Sequence, Tuple
@@ -48,35 +49,43 @@ def scaling(runs: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(a: Dict[str, Any], b: Dict[str, Any]) -> float:
+    """Median over rounds of time(a) / time(b): rows of one group are timed in the same rounds
+    (runner.run_group), so each round's ratio sees the same machine; else the medians' ratio."""
+    ra, rb = a.get("rounds_us") or [], b.get("rounds_us") or []
+    if ra and len(ra) == len(rb):
+        return statistics.median(x / y for x, y in zip(ra, rb))
+    return a["time_us"] / b["time_us"]
+
+
 def ratio(run: Dict[str, Any], first: str, second: str) -> str:
     """time(first) / time(second) per collective, type and size; ``first``/``second`` are
-    ``layout/contender``."""
-    def pick(spec: str) -> Dict[Tuple[str, str, Any, int], float]:
+    ``layout/contender``. The ratio is the median of per-round ratios (see :func:`_ratio`)."""
+    def pick(spec: str) -> Dict[Tuple[str, str, Any, int], Dict[str, Any]]:
         layout, _, contender = spec.partition("/")
-        return {(r["collective"], r["type"], r["redop"], r["size"]): r["time_us"] for r in run["rows"]
+        return {(r["collective"], r["type"], r["redop"], r["size"]): r for r in run["rows"]
                 if not r.get("error") and r["layout"] == layout and r["contender"] == contender}
     a, b = pick(first), pick(second)
     lines = [f"| collective | type | size | {first} (us) | {second} (us) | ratio |", "|---|---|---:|---:|---:|---:|"]
     for key in sorted(set(a) & set(b), key=lambda k: (k[0], k[1], str(k[2]), k[3])):
         collective, dtype, op, size = key
         lines.append(f"| {(NCCL_TESTS_NAMES[collective] + ' ' + (op or '')).strip()} | {TYPE_NAMES.get(dtype, dtype)} | {_size(size)} | "
-                     f"{a[key]:.1f} | {b[key]:.1f} | {a[key] / b[key]:.2f} |")
+                     f"{a[key]['time_us']:.1f} | {b[key]['time_us']:.1f} | {_ratio(a[key], b[key]):.2f} |")
     return "\n".join(lines)
 
 
 def types(run: Dict[str, Any], base: str = "float32") -> str:
     """time of each type over ``base``'s, at the same collective, layout, contender and size
     (bytes), i.e. the inverse ratio of their bus bandwidths."""
-    rows = [r for r in run["rows"] if not r.get("error")]
-    times = {(r["collective"], r["layout"], r["contender"], r["size"], r["type"]): r["time_us"] for r in rows}
+    rows = {(r["collective"], r["layout"], r["contender"], r["size"], r["type"]): r for r in run["rows"] if not r.get("error")}
     lines = ["| collective | layout | contender | size | type | time (us) | vs " + TYPE_NAMES.get(base, base) + " |",
              "|---|---|---|---:|---|---:|---:|"]
-    for (collective, layout, contender, size, dtype), value in sorted(times.items()):
-        reference = times.get((collective, layout, contender, size, base))
+    for (collective, layout, contender, size, dtype), row in sorted(rows.items()):
+        reference = rows.get((collective, layout, contender, size, base))
         if reference is None or dtype == base:
             continue
         lines.append(f"| {NCCL_TESTS_NAMES[collective]} | {layout} | {contender} | {_size(size)} | {TYPE_NAMES.get(dtype, dtype)} | "
-                     f"{value:.1f} | {value / reference:.2f} |")
+                     f"{row['time_us']:.1f} | {_ratio(row, reference):.2f} |")
     return "\n".join(lines)
 
 

@@ -61,72 +61,79 @@ def _error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
 
 
-def run_case(job: Job, case: Case, contenders: Sequence[Contender], settings: Settings, itemsize: int) -> List[Row]:
-    """Every contender's row for one case (verified, then timed in alternating rounds)."""
+def _key(row: Row) -> Tuple[str, str, str]:
+    return (row["type"], row["layout"], row["contender"])
+
+
+def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], settings: Settings, itemsizes: Dict[str, int]) -> List[Row]:
+    """Rows for cases that differ only in element type and layout (one collective, op and
+    size): every contender is verified on every case, then all of them are timed together in
+    alternating rounds, so that any two rows of the group can be compared round by round."""
     rows: List[Row] = []
-    timed: List[Tuple[str, Run]] = []
-    size = size_of(case.collective, case.count, itemsize, case.nranks)
-    base = {
-        "collective": case.collective, "size": size, "count": case.count, "type": case.dtype,
-        "redop": case.op if case.collective in REDUCING else None,
-        "root": case.root if case.collective in ROOTED else -1, "layout": case.layout,
-    }
-    for contender in contenders:
-        if contender.skip(case) is not None:
-            continue
-        row: Row = dict(base, contender=contender.name, denseccl=contender.denseccl)
-        run: Optional[Run] = None
-        error: Optional[str] = None
-        wrong, peak = 0, None
-        try:
-            run = contender.prepare(case)
-            wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl)
-        except Unsupported as reason:
-            error = f"unsupported: {reason}"
-        except Exception as failure:  # noqa: BLE001 - reported in the row, on every rank
-            error = _error_text(failure)
-        failed = job.any(error is not None)
-        if failed:
-            messages = [m for m in job.world.allgather(error) if m]
-            if all(m.startswith("unsupported") for m in messages):
+    timed: List[Tuple[Tuple[str, str, str], Run]] = []
+    for case in group:
+        size = size_of(case.collective, case.count, itemsizes[case.dtype], case.nranks)
+        base = {
+            "collective": case.collective, "size": size, "count": case.count, "type": case.dtype,
+            "redop": case.op if case.collective in REDUCING else None,
+            "root": case.root if case.collective in ROOTED else -1, "layout": case.layout,
+        }
+        for contender in contenders:
+            if contender.skip(case) is not None:
                 continue
-            row.update(error=messages[0], wrong=None, time_us=float("nan"), algbw=float("nan"), busbw=float("nan"))
+            row: Row = dict(base, contender=contender.name, denseccl=contender.denseccl)
+            run: Optional[Run] = None
+            error: Optional[str] = None
+            wrong, peak = 0, None
+            try:
+                run = contender.prepare(case)
+                wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl)
+            except Unsupported as reason:
+                error = f"unsupported: {reason}"
+            except Exception as failure:  # noqa: BLE001 - reported in the row, on every rank
+                error = _error_text(failure)
+            if job.any(error is not None):
+                messages = [m for m in job.world.allgather(error) if m]
+                if all(m.startswith("unsupported") for m in messages):
+                    continue
+                row.update(error=messages[0], wrong=None, time_us=float("nan"), algbw=float("nan"), busbw=float("nan"))
+                rows.append(row)
+                continue
+            row["wrong"] = job.total(wrong)
+            if settings.memcheck and contender.denseccl:
+                row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
+            assert run is not None
+            run.load(None)
+            timed.append((_key(row), run))
             rows.append(row)
-            continue
-        row["wrong"] = job.total(wrong)
-        if settings.memcheck and contender.denseccl:
-            row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
-        assert run is not None
-        run.load(None)
-        timed.append((contender.name, run))
-        rows.append(row)
     if timed:
         times = rounds(job, timed, settings.iterations, settings.warmup, settings.rounds)
         for row in rows:
             if row.get("error"):
                 continue
-            seconds = median(times[row["contender"]])
-            algbw, busbw = bandwidths(case.collective, size, seconds, case.nranks)
-            row.update(time_us=seconds * 1e6, algbw=algbw, busbw=busbw, rounds_us=[t * 1e6 for t in times[row["contender"]]])
+            measured = times[_key(row)]
+            seconds = median(measured)
+            algbw, busbw = bandwidths(row["collective"], row["size"], seconds, job.size)
+            row.update(time_us=seconds * 1e6, algbw=algbw, busbw=busbw, rounds_us=[t * 1e6 for t in measured])
     return rows
 
 
 def run_all(job: Job, contenders: Sequence[Contender], settings: Settings, itemsizes: Dict[str, int],
             emit: Callable[[str, Any], None]) -> List[Row]:
     """The whole benchmark; ``emit(kind, payload)`` is called as results come in
-    (``"block"`` with (collective, dtype, op) before a block, ``"row"`` with each row)."""
+    (``"block"`` with (collective, op) before a block, ``"row"`` with each row). The element
+    types and layouts of one size are timed together (see :func:`run_group`)."""
     rows: List[Row] = []
     for collective in settings.collectives:
-        for dtype in settings.dtypes:
-            for op in (settings.ops if collective in REDUCING else [None]):
-                emit("block", (collective, dtype, op))
-                for size in settings.sizes:
+        for op in (settings.ops if collective in REDUCING else [None]):
+            emit("block", (collective, op))
+            for size in settings.sizes:
+                group = []
+                for dtype in settings.dtypes:
                     count = count_for(collective, size, itemsizes[dtype], job.size)
-                    if count == 0:
-                        continue
-                    for layout in settings.layouts:
-                        case = Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank)
-                        for row in run_case(job, case, contenders, settings, itemsizes[dtype]):
-                            rows.append(row)
-                            emit("row", row)
+                    if count:
+                        group.extend(Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank) for layout in settings.layouts)
+                for row in run_group(job, group, contenders, settings, itemsizes):
+                    rows.append(row)
+                    emit("row", row)
     return rows

@@ -72,9 +72,9 @@ def format_row(row: Mapping[str, Any], memcheck: bool = False) -> str:
     return _line(cells, widths)
 
 
-def collective_title(collective: str, dtype: str, op: Any) -> str:
-    """``# all_reduce: type float, redop sum``: the heading of one block of rows."""
-    return f"#\n# {NCCL_TESTS_NAMES[collective]}: type {TYPE_NAMES.get(dtype, dtype)}, redop {op or 'none'}"
+def collective_title(collective: str, op: Any) -> str:
+    """``# all_reduce: redop sum``: the heading of one block of rows."""
+    return f"#\n# {NCCL_TESTS_NAMES[collective]}: redop {op or 'none'}"
 
 
 def average_busbw(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, float]":
