@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", help="also plot busbw against size (needs matplotlib)")
     p.add_argument("--memcheck", action="store_true",
                    help="trace Python/NumPy allocations (tracemalloc) during each denseccl call; adds a 'peak tmp' column")
+    p.add_argument("--memory", choices=("shared", "separate"), default="shared",
+                   help="shared (default): every contender and layout of a size uses the same memory, so comparisons "
+                   "do not depend on where the allocator put each array; separate: each run allocates its own")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch intra-op threads per rank (default 1: one rank per core)")
     return p
@@ -136,6 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"  rounds {args.rounds} (median round; contenders alternate)")
     say(f"#  sizes {sizes[0]}..{sizes[-1]} B  layouts {','.join(layouts)}  contenders {','.join(c.name for c in contenders)}")
     say("#  time: mean per-iteration time after warm-up, averaged across ranks; GB = 1e9 B; all calls in place")
+    say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
     say("#  (allgather and reduce_scatter write a separate output); count is per rank for allgather/reduce_scatter")
     for note in notes:
         say(f"#  skipped contender: {note}")
@@ -152,6 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = run_all(job, contenders, Settings(
         collectives=collectives, dtypes=dtypes, ops=ops, sizes=sizes, layouts=layouts, root=args.root,
         iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds, memcheck=args.memcheck,
+        shared_memory=args.memory == "shared",
     ), cv.ITEMSIZES, emit)
     for line in footer(rows):
         say(line)

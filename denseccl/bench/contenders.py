@@ -61,7 +61,7 @@ class Contender:
         """Why this contender has no row for ``case`` (None: it has one)."""
         return None
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         raise NotImplementedError
 
 
@@ -85,19 +85,19 @@ class Denseccl(Contender):
     def lib(self, dtype: str) -> Any:
         return _host_lib(dtype)
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         comm = self.job.denseccl(self.check)
         lib = self.lib(case.dtype)
         c, shape, n, op, root = case.collective, case.shape, case.nranks, case.op, case.root
         if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
+            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
             return Run(lib, lambda: comm.allgather(x, out=out), [x], out)
         if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
-            out = cases.build(lib, shape, case.dtype, case.layout)
+            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
+            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
             return Run(lib, lambda: comm.reduce_scatter(x, op, out=out), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout)
+        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
         if c == "allreduce":
             step = lambda: comm.allreduce(x, op)  # noqa: E731
         elif c == "reduce":
@@ -131,9 +131,9 @@ class RawMPI(Contender):
             return "MPI has no bfloat16"
         return None
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         lib = NumpyLib()
-        return Run(lib, *_mpi_steps(self.job, case, lib, naive=False))
+        return Run(lib, *_mpi_steps(self.job, case, lib, naive=False, arena=arena))
 
 
 class Naive(Contender):
@@ -148,12 +148,12 @@ class Naive(Contender):
             return "MPI has no bfloat16"
         return None
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         lib = NumpyLib()
-        return Run(lib, *_mpi_steps(self.job, case, lib, naive=True))
+        return Run(lib, *_mpi_steps(self.job, case, lib, naive=True, arena=arena))
 
 
-def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool):  # type: ignore[no-untyped-def]
+def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool, arena: Optional[cases.Arena] = None):  # type: ignore[no-untyped-def]
     """``(step, inputs, output)`` for raw mpi4py; with ``naive`` the arrays have the case's
     layout and every call copies to contiguous and back, allocating as a user would."""
     MPI, world = job.MPI, job.world
@@ -166,8 +166,8 @@ def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool):  # type: ig
     contiguous = np.ascontiguousarray
 
     if c == "allgather":
-        x = cases.build(lib, shape, case.dtype, layout)
-        out = cases.build(lib, shape, case.dtype, layout, stacked=n)
+        x = cases.build(lib, shape, case.dtype, layout, arena=arena)
+        out = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena, role="output")
 
         def allgather() -> None:
             if naive:
@@ -179,8 +179,8 @@ def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool):  # type: ig
 
         return allgather, [x], out
     if c == "reduce_scatter":
-        x = cases.build(lib, shape, case.dtype, layout, stacked=n)
-        out = cases.build(lib, shape, case.dtype, layout)
+        x = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena)
+        out = cases.build(lib, shape, case.dtype, layout, arena=arena, role="output")
 
         def reduce_scatter() -> None:
             if naive:
@@ -195,7 +195,7 @@ def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool):  # type: ig
                 _finish_avg(target, n)
 
         return reduce_scatter, [x], out
-    x = cases.build(lib, shape, case.dtype, layout)
+    x = cases.build(lib, shape, case.dtype, layout, arena=arena)
     if c == "allreduce":
 
         def allreduce() -> None:
@@ -246,7 +246,7 @@ class TorchDistributed(Contender):
             return "torch tensors cannot have negative strides"
         return None
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         import torch.distributed as dist  # noqa: PLC0415
 
         group = self.job.torch_group(self.backend)
@@ -256,22 +256,22 @@ class TorchDistributed(Contender):
                "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
         op = ops.get(case.op)  # type: ignore[arg-type]
         if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
+            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
             flat = _merge_dim0(out)
             if flat is not None:
                 return Run(lib, lambda: dist.all_gather_into_tensor(flat, x, group=group), [x], out)
             blocks = list(out.unbind(0))
             return Run(lib, lambda: dist.all_gather(blocks, x, group=group), [x], out)
         if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
-            out = cases.build(lib, shape, case.dtype, case.layout)
+            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
+            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
             flat = _merge_dim0(x)
             if flat is not None:
                 return Run(lib, lambda: dist.reduce_scatter_tensor(out, flat, op=op, group=group), [x], out)
             blocks = list(x.unbind(0))
             return Run(lib, lambda: dist.reduce_scatter(out, blocks, op=op, group=group), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout)
+        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
         if c == "allreduce":
             step = lambda: dist.all_reduce(x, op=op, group=group)  # noqa: E731
         elif c == "reduce":

@@ -84,7 +84,7 @@ class RawNccl(Contender):
             return "CuPy has no bfloat16"
         return None
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         import cupy  # noqa: PLC0415
         from cupy.cuda import nccl  # noqa: PLC0415
 
@@ -102,8 +102,8 @@ class RawNccl(Contender):
             return cupy.cuda.get_current_stream().ptr
 
         if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, layout)
-            out = cases.build(lib, shape, case.dtype, layout, stacked=n)
+            x = cases.build(lib, shape, case.dtype, layout, arena=arena)
+            out = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena, role="output")
 
             def allgather() -> None:
                 if naive:
@@ -116,8 +116,8 @@ class RawNccl(Contender):
 
             return Run(lib, allgather, [x], out)
         if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, layout, stacked=n)
-            out = cases.build(lib, shape, case.dtype, layout)
+            x = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena)
+            out = cases.build(lib, shape, case.dtype, layout, arena=arena, role="output")
 
             def reduce_scatter() -> None:
                 if naive:
@@ -129,7 +129,7 @@ class RawNccl(Contender):
                     comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, op, stream())
 
             return Run(lib, reduce_scatter, [x], out)
-        x = cases.build(lib, shape, case.dtype, layout)
+        x = cases.build(lib, shape, case.dtype, layout, arena=arena)
 
         def elementwise() -> None:
             buffer = contiguous(x) if naive else x
@@ -162,19 +162,19 @@ class Cupyx(Contender):
             return "CuPy has no bfloat16"
         return None
 
-    def prepare(self, case: Case) -> Run:
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         comm = self.job.cupyx()
         lib = CupyLib()
         c, shape, n, root, op, count = case.collective, case.shape, case.nranks, case.root, case.op, case.count
         if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
+            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
+            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
             return Run(lib, lambda: comm.all_gather(x, out, count), [x], out)
         if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n)
-            out = cases.build(lib, shape, case.dtype, case.layout)
+            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
+            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
             return Run(lib, lambda: comm.reduce_scatter(x, out, count, op), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout)
+        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
         if c == "allreduce":
             step = lambda: comm.all_reduce(x, x, op)  # noqa: E731
         elif c == "reduce":

@@ -12,6 +12,13 @@ from typing import Any, Sequence
 import numpy as np
 
 
+def _nbytes(shape: Sequence[int], itemsize: int) -> int:
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count * itemsize
+
+
 class Unsupported(Exception):
     """This library cannot build this case (the message says why); the row is skipped."""
 
@@ -33,8 +40,11 @@ class NumpyLib:
                 raise Unsupported("NumPy has no bfloat16 (install ml_dtypes)") from None
         return np.dtype(name)
 
-    def empty(self, shape: Sequence[int], dtype: str) -> Any:
-        return np.empty(tuple(shape), self.dtype(dtype))
+    def empty(self, shape: Sequence[int], dtype: str, *, arena: Any = None, role: str = "input") -> Any:
+        dt = self.dtype(dtype)
+        if arena is None:
+            return np.empty(tuple(shape), dt)
+        return arena.host(_nbytes(shape, dt.itemsize), role).view(dt).reshape(tuple(shape))
 
     def permute(self, array: Any, axes: Sequence[int]) -> Any:
         return array.transpose(tuple(axes))
@@ -76,8 +86,16 @@ class TorchLib:
     def dtype(self, name: str) -> Any:
         return getattr(self.torch, name)
 
-    def empty(self, shape: Sequence[int], dtype: str) -> Any:
-        return self.torch.empty(tuple(shape), dtype=self.dtype(dtype), device=self.device_name)
+    def empty(self, shape: Sequence[int], dtype: str, *, arena: Any = None, role: str = "input") -> Any:
+        dt = self.dtype(dtype)
+        if arena is None:
+            return self.torch.empty(tuple(shape), dtype=dt, device=self.device_name)
+        nbytes = _nbytes(shape, dt.itemsize)
+        if self.device:
+            raw = self.torch.as_tensor(arena.device(nbytes, role), device=self.device_name)
+        else:
+            raw = self.torch.from_numpy(arena.host(nbytes, role))
+        return raw.view(dt).reshape(tuple(shape))
 
     def permute(self, array: Any, axes: Sequence[int]) -> Any:
         return array.permute(*axes)
@@ -125,8 +143,11 @@ class CupyLib:
             raise Unsupported("CuPy has no bfloat16")
         return np.dtype(name)
 
-    def empty(self, shape: Sequence[int], dtype: str) -> Any:
-        return self.xp.empty(tuple(shape), self.dtype(dtype))
+    def empty(self, shape: Sequence[int], dtype: str, *, arena: Any = None, role: str = "input") -> Any:
+        dt = self.dtype(dtype)
+        if arena is None:
+            return self.xp.empty(tuple(shape), dt)
+        return arena.device(_nbytes(shape, dt.itemsize), role).view(dt).reshape(tuple(shape))
 
     def permute(self, array: Any, axes: Sequence[int]) -> Any:
         return array.transpose(tuple(axes))

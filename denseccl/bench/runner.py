@@ -21,7 +21,8 @@ class Settings:
     """What to run (parsed from the command line)."""
 
     def __init__(self, *, collectives: Sequence[str], dtypes: Sequence[str], ops: Sequence[str], sizes: Sequence[int],
-                 layouts: Sequence[str], root: int, iterations: int, warmup: int, rounds: int, memcheck: bool) -> None:
+                 layouts: Sequence[str], root: int, iterations: int, warmup: int, rounds: int, memcheck: bool,
+                 shared_memory: bool = True) -> None:
         self.collectives = list(collectives)
         self.dtypes = list(dtypes)
         self.ops = list(ops)
@@ -32,6 +33,7 @@ class Settings:
         self.warmup = warmup
         self.rounds = rounds
         self.memcheck = memcheck
+        self.shared_memory = shared_memory
 
 
 def verify(job: Job, case: Case, run: Run, memcheck: bool) -> Tuple[int, Optional[int]]:
@@ -71,6 +73,7 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
     alternating rounds, so that any two rows of the group can be compared round by round."""
     rows: List[Row] = []
     timed: List[Tuple[Tuple[str, str, str], Run]] = []
+    arena = cases.Arena() if settings.shared_memory else None
     for case in group:
         size = size_of(case.collective, case.count, itemsizes[case.dtype], case.nranks)
         base = {
@@ -86,7 +89,7 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
             error: Optional[str] = None
             wrong, peak = 0, None
             try:
-                run = contender.prepare(case)
+                run = contender.prepare(case, arena)
                 wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl)
             except Unsupported as reason:
                 error = f"unsupported: {reason}"
