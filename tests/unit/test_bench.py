@@ -146,3 +146,19 @@ def test_footer() -> None:
     assert "# Avg bus bandwidth    : 2  (denseccl)" in lines
     assert "# Avg bus bandwidth    : 0.5  (naive)" in lines
     assert table.footer([row()])[0].endswith("0 OK")
+
+
+def test_arena_shares_memory_between_layouts() -> None:
+    lib = NumpyLib()
+    arena = cases.Arena()
+    shape = cases.logical_shape(4096)
+    views = {layout: cases.build(lib, shape, "float32", layout, arena=arena) for layout in cv.LAYOUTS}
+    out = cases.build(lib, shape, "float32", "channels_last", stacked=2, arena=arena, role="output")
+    spans = {layout: denseccl.arrays.as_buffer(v).span_pointer for layout, v in views.items()}
+    assert len(set(spans.values())) == 1 and spans["contiguous"] % 64 == 0
+    assert denseccl.arrays.as_buffer(out).span_pointer != spans["contiguous"]
+    for layout, view in views.items():
+        assert view.shape == shape and denseccl.layout_of(view).is_dense, layout
+    assert denseccl.layout_of(views["channels_last"]).key != denseccl.layout_of(views["contiguous"]).key
+    half = cases.build(lib, shape, "float16", "transposed", arena=arena)
+    assert np.shares_memory(half, views["contiguous"])
