@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from .data_parallel import DataParallel, broadcast_coalesced, reduce_add_coalesced, replicate
 from .grad_layout import GradLayoutHooks, GradLayoutViolation, enforce_grad_layout, grad_layout_violations, restride_grads
-from .process_group import BACKEND_NAME, ProcessGroupDenseCCL, create_process_group, launched_by_mpi
+from ._launch import launched_by_mpi
+from .process_group import BACKEND_NAME, ProcessGroupDenseCCL, create_process_group
 
 
 def _register() -> None:

@@ -17,12 +17,11 @@ import torch
 from mpi4py import MPI
 
 from ..errors import LayoutError, MismatchError
+from ._issue import Issue
 from .work import RequestStep
 
 if TYPE_CHECKING:
     from .process_group import ProcessGroupDenseCCL
-
-Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
 
 
 def _bytes(t: torch.Tensor) -> Any:

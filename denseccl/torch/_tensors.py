@@ -3,7 +3,7 @@
 A dense tensor's elements fill one block of ``numel`` consecutive elements (its span) in some
 permuted order; these helpers read that order, allocate tensors that keep it, and view the
 dim-0 concatenated buffers of ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` as the
-stacked buffers denseccl moves.
+stacked buffers denseccl moves, and key the layouts of blocks and of tensor lists.
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ def is_dense(t: torch.Tensor) -> bool:
 def key_of(t: torch.Tensor) -> tuple:
     """The layout key: dtype name, shape, and strides with size-1 dims wildcarded."""
     return layout_key(str(t.dtype).rpartition(".")[2], tuple(t.shape), t.stride())
+
+
+def block_key(stack: torch.Tensor) -> tuple:
+    """The layout key of one block ``stack[r]`` of a stacked view."""
+    return layout_key(str(stack.dtype).rpartition(".")[2], tuple(stack.shape[1:]), stack.stride()[1:])
+
+
+def composite_key(tensors: Sequence[torch.Tensor]) -> tuple:
+    """One layout key standing for several tensors (dtypes, shapes and strides of each)."""
+    keys = [key_of(t) for t in tensors]
+    return ("+".join(k[0] for k in keys), tuple(k[1] for k in keys), tuple(k[2] for k in keys))
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -58,6 +69,14 @@ def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
     return x.permute(order).contiguous().permute(inverse)
 
 
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two dense tensors' spans share memory."""
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def span_view(t: torch.Tensor) -> torch.Tensor:
     """A 1-D view of a dense tensor's storage span (torch strides are never negative, so the
     span starts at the tensor's storage offset)."""
@@ -84,6 +103,13 @@ def is_stacked(view: torch.Tensor, size: int) -> bool:
     blocks one after another in memory (dim 0 outermost)."""
     layout = Layout(tuple(view.shape), view.stride(), view.element_size(), "t")
     return layout.is_dense and stacked_problem(layout, size) is None
+
+
+def stack_like(block: torch.Tensor, size: int) -> torch.Tensor:
+    """An empty stacked buffer ``(size, *block.shape)`` whose blocks have ``block``'s dense
+    layout."""
+    strides = dense_strides_like(block)
+    return torch.empty_strided((size, *block.shape), (block.numel(), *strides), dtype=block.dtype, device=block.device)
 
 
 def staging_stack(view: torch.Tensor, size: int) -> torch.Tensor:

@@ -5,16 +5,19 @@ cross-rank agreement check.
 CPU tensors move over denseccl's MPI transport (the job is launched with ``mpiexec``; the torch
 rank must be the MPI rank). CUDA tensors move over its NCCL transport, created on the first CUDA
 collective. ``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does
-not offer) run here, on an MPI communicator this group owns, for CPU tensors.
+not offer) run on an MPI communicator this group owns, for CPU tensors (:mod:`._extras`).
+
+This module holds the group itself (registration, communicators, lifecycle) and its
+elementwise collectives; the gather and scatter family, with its staging of dim-0 concatenated
+buffers, is the :class:`~.gather_scatter.GatherScatter` mixin the group inherits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -24,76 +27,18 @@ from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
-from ..layout import layout_key
-from ..ops import OpLike, PreMulSum
 from . import buckets
-from ._tensors import dense_strides_like, is_dense, is_stacked, key_of, not_dense_message, staging_stack, stacked_view
+from ._arguments import as_list, cuda_context, options, reduce_op, timeout_seconds
+from ._issue import Issue, raising_everywhere, start_each
+from ._launch import host_problem, mpi_group
+from ._tensors import composite_key, is_dense, not_dense_message
+from .gather_scatter import GatherScatter
 from .work import AsyncWork, Operation, Progress, completed_work, new_future
 
 BACKEND_NAME = "denseccl"
 
-_RED = dist.ReduceOp.RedOpType
-_OPS = {_RED.SUM: "sum", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max", _RED.AVG: "avg"}
-#: Environment variables that say the process was started by an MPI launcher.
-_MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
-
-def reduce_op(op: Any) -> OpLike:
-    """torch's ReduceOp (or RedOpType) as a denseccl op; PREMUL_SUM becomes
-    ``denseccl.PreMulSum(factor)``."""
-    kind = op if isinstance(op, _RED) else op.op
-    if kind == _RED.PREMUL_SUM:
-        factor = op.factor
-        if isinstance(factor, torch.Tensor):
-            if factor.numel() != 1:
-                raise LayoutError(f"PREMUL_SUM needs one scale factor, got a tensor of shape {tuple(factor.shape)}")
-            factor = factor.item()
-        return PreMulSum(float(factor))
-    name = _OPS.get(kind)
-    if name is None:
-        raise LayoutError(f"reduce op {kind} is not supported by the denseccl backend (use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM)")
-    return name
-
-
-def launched_by_mpi() -> bool:
-    """Whether an MPI launcher (mpiexec, mpirun, srun with PMI) started this process."""
-    return any(name in os.environ for name in _MPI_LAUNCH_VARIABLES)
-
-
-def _as_list(tensors: Any) -> List[torch.Tensor]:
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-
-
-def _options(opts: Any, cls: Any, **fields: Any) -> Any:
-    """torch's options object; direct Python callers may pass a ReduceOp, or nothing."""
-    if isinstance(opts, cls):
-        return opts
-    made = cls()
-    if opts is not None and hasattr(made, "reduceOp"):
-        made.reduceOp = opts
-    for name, value in fields.items():
-        setattr(made, name, value)
-    return made
-
-
-def _fail_everywhere(comm: Communicator, collective: str, error: BaseException) -> None:
-    """Raise ``error`` here after taking part in the agreement step as invalid, so that every
-    peer raises too (a MismatchError naming this rank's problem) instead of waiting."""
-    comm._fail(collective, error)
-
-
-def _agree_or_fail(comm: Communicator, collective: str, check: Callable[[], Descriptor]) -> None:
-    """Run ``check`` (local validation returning the descriptor to agree on) and the agreement
-    step; a local failure is raised on every rank."""
-    try:
-        descriptor = check()
-    except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
-        _fail_everywhere(comm, collective, error)
-        raise  # unreachable: _fail raises
-    comm._agree(descriptor)
-
-
-class ProcessGroupDenseCCL(dist.ProcessGroup):
+class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     """torch.distributed process group over denseccl. Created by ``init_process_group("denseccl")``
     or ``new_group(backend="denseccl")``; not meant to be built by hand."""
 
@@ -102,7 +47,7 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
         self._store = store
         self._group_rank = rank
         self._group_size = size
-        self._seconds = _timeout_seconds(timeout)
+        self._seconds = timeout_seconds(timeout)
         #: How many operations had to stage through a copy (dim 0 not outermost, or an output
         #: whose layout differs from the moved blocks'); the rest moved the tensors' spans.
         self.staged_operations = 0
@@ -120,50 +65,12 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
     # -- setup -------------------------------------------------------------------------------
 
     def _setup_host(self) -> None:
-        size, rank = self._group_size, self._group_rank
-        if not launched_by_mpi() and size > 1:
-            self._host_problem = (
-                f"the denseccl backend moves CPU tensors over MPI, but this process was not started by an MPI "
-                f"launcher: launch all {size} ranks with mpiexec -n {size} (or launch/run -n {size}) and give "
-                "torch the MPI rank (denseccl.torch.init_process_group() does that). CUDA tensors work without "
-                "one (their NCCL communicator bootstraps over torch's store)"
-            )
-            return
-        try:
-            from mpi4py import MPI  # noqa: PLC0415
-        except ImportError as error:
-            if launched_by_mpi():
-                raise DenseCCLError(f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'") from None
-            self._host_problem = f"the denseccl backend moves CPU tensors over MPI, and mpi4py is not installed ({error}): pip install 'denseccl[mpi]'"
-            return
-        world = MPI.COMM_WORLD
-        if world.Get_size() < len(self._global_ranks) or (
-            self._global_ranks == list(range(size)) and world.Get_size() != size
-        ):
-            raise DenseCCLError(
-                f"denseccl: torch's process group has {size} ranks but MPI has {world.Get_size()}: launch with "
-                f"mpiexec -n {size}, or pass world_size={world.Get_size()} to init_process_group"
-            )
-        mine = self._global_ranks[rank]
-        if world.Get_rank() != mine:
-            raise DenseCCLError(
-                f"denseccl: torch rank {mine} is MPI rank {world.Get_rank()}; the two must match because CPU tensors "
-                "move over MPI. Pass rank=MPI.COMM_WORLD.Get_rank() (and world_size=MPI.COMM_WORLD.Get_size()) to "
-                "init_process_group, or set RANK from the launcher (PMI_RANK under mpiexec); "
-                "denseccl.torch.init_process_group() does this for you"
-            )
-        if self._global_ranks == list(range(world.Get_size())):
-            base = world
-        else:
-            group = world.Get_group()
-            subset = group.Incl(self._global_ranks)
-            base = world.Create_group(subset)
-            subset.Free()
-            group.Free()
-            self._owns_mpi_group = True
-        self._mpi_group = base
-        self._host = denseccl_init(backend="mpi", comm=base, timeout=self._seconds or 0)
-        self._aux = base.Dup()
+        """The MPI communicators that move CPU tensors, where this process can have them."""
+        self._host_problem = host_problem(self._group_size)
+        if self._host_problem is None:
+            self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
+            self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
+            self._aux = self._mpi_group.Dup()
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -192,7 +99,7 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
             else:
                 where = {"store": self._store, "rank": self._group_rank, "size": self._group_size}
             try:
-                with _cuda_context(device):
+                with cuda_context(device):
                     self._device = denseccl_init(backend="nccl", device=index, timeout=self._seconds or 0, **where)
             except DenseCCLError:
                 raise
@@ -205,11 +112,11 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
 
     # -- running -----------------------------------------------------------------------------
 
-    def _run(self, name: str, opts: Any, device: torch.device, issue: Callable[[], Tuple[List[Any], Callable[[], Any]]], *, source_rank: Optional[Callable[[], int]] = None) -> dist.Work:
+    def _run(self, name: str, opts: Any, device: torch.device, issue: Issue, *, source_rank: Optional[Callable[[], int]] = None) -> dist.Work:
         """Start an operation: ``issue()`` starts its steps and returns them with the finish
         that produces the future's value. Synchronous callers (``opts.asyncOp`` false) get a
         completed Work; the others an :class:`AsyncWork` that the progress thread completes."""
-        with _cuda_context(device):
+        with cuda_context(device):
             steps, finish = issue()
         if not getattr(opts, "asyncOp", True) and source_rank is None:
             for step in steps:
@@ -219,21 +126,6 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
         operation = Operation(name, steps, finish, new_future(device), deadline)
         self._progress.submit(operation)
         return AsyncWork(self._progress, operation, source_rank)
-
-    @staticmethod
-    def _each(starts: Sequence[Callable[[], Any]]) -> List[Any]:
-        """Start several collectives; if one fails, finish the ones already started (their
-        peers started them too) before raising."""
-        started: List[Any] = []
-        try:
-            for start in starts:
-                started.append(start())
-        except BaseException:
-            for work in started:
-                with contextlib.suppress(Exception):
-                    work.wait()
-            raise
-        return started
 
     # -- identity ----------------------------------------------------------------------------
 
@@ -265,13 +157,13 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
     # -- elementwise collectives -------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.AllreduceOptions)
-        tensors = _as_list(tensors)
+        opts = options(opts, _c10d.AllreduceOptions)
+        tensors = as_list(tensors)
         comm = self._communicator(tensors, "allreduce")
         op = reduce_op(opts.reduceOp)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            works = self._each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])
             return works, lambda: tensors
 
         return self._run("allreduce", opts, tensors[0].device, issue)
@@ -279,21 +171,20 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
         bucket of spans; the results are copied back run by run."""
-        opts = _options(opts, _c10d.AllreduceCoalescedOptions)
-        tensors = _as_list(tensors)
+        opts = options(opts, _c10d.AllreduceCoalescedOptions)
+        tensors = as_list(tensors)
         comm = self._communicator(tensors, "allreduce_coalesced")
         op = reduce_op(opts.reduceOp)
 
-        def check() -> Descriptor:
-            for i, t in enumerate(tensors):
-                if not is_dense(t):
-                    raise LayoutError(not_dense_message(f"allreduce_coalesced tensor {i}", t))
-            return Descriptor("allreduce_coalesced", None, str(op), _composite_key(tensors))
-
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            _agree_or_fail(comm, "allreduce_coalesced", check)
+            with raising_everywhere(comm, "allreduce_coalesced"):
+                for i, t in enumerate(tensors):
+                    if not is_dense(t):
+                        raise LayoutError(not_dense_message(f"allreduce_coalesced tensor {i}", t))
+                descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
+            comm._agree(descriptor)
             packed = buckets.pack(tensors)
-            works = self._each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
+            works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
 
             def finish() -> List[torch.Tensor]:
                 buckets.unpack(packed, tensors)
@@ -304,239 +195,34 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
         return self._run("allreduce_coalesced", opts, tensors[0].device, issue)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.ReduceOptions)
-        tensors = _as_list(tensors)
+        opts = options(opts, _c10d.ReduceOptions)
+        tensors = as_list(tensors)
         comm = self._communicator(tensors, "reduce")
         op = reduce_op(opts.reduceOp)
         root = opts.rootRank
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            works = self._each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])
             return works, lambda: tensors
 
         return self._run("reduce", opts, tensors[0].device, issue)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.BroadcastOptions)
-        tensors = _as_list(tensors)
+        opts = options(opts, _c10d.BroadcastOptions)
+        tensors = as_list(tensors)
         comm = self._communicator(tensors, "broadcast")
         root = opts.rootRank
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            works = self._each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])
             return works, lambda: tensors
 
         return self._run("broadcast", opts, tensors[0].device, issue)
 
-    # -- allgather ---------------------------------------------------------------------------
-
-    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        """``output_tensors[i][r]`` gets rank ``r``'s ``input_tensors[i]``, in its own layout:
-        denseccl gathers into a stacked buffer with the input's layout, then each output is
-        copied from its block."""
-        opts = _options(opts, _c10d.AllgatherOptions)
-        inputs = _as_list(input_tensors)
-        outputs = [list(group) for group in output_tensors]
-        comm = self._communicator(inputs, "allgather")
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            try:
-                if len(outputs) != len(inputs):
-                    raise LayoutError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
-                for inp, outs in zip(inputs, outputs):
-                    _check_gather_list(inp, outs, self._group_size, "allgather")
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "allgather", error)
-            works = self._each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
-
-            def finish() -> List[List[torch.Tensor]]:
-                for work, outs in zip(works, outputs):
-                    stacked = work.result
-                    for r, out in enumerate(outs):
-                        out.copy_(stacked[r])
-                return outputs
-
-            return works, finish
-
-        return self._run("allgather", opts, inputs[0].device, issue)
-
-    def allgather_coalesced(self, output_lists: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        """``output_lists[r][i]`` gets rank ``r``'s ``input_tensors[i]``."""
-        opts = _options(opts, _c10d.AllgatherOptions)
-        inputs = _as_list(input_tensors)
-        per_rank = [list(outs) for outs in output_lists]
-        comm = self._communicator(inputs, "allgather_coalesced")
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            try:
-                if len(per_rank) != self._group_size or any(len(outs) != len(inputs) for outs in per_rank):
-                    raise LayoutError(
-                        f"allgather_coalesced: output_lists must hold {self._group_size} lists (one per rank) of "
-                        f"{len(inputs)} tensors"
-                    )
-                for i, inp in enumerate(inputs):
-                    _check_gather_list(inp, [outs[i] for outs in per_rank], self._group_size, "allgather_coalesced")
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "allgather_coalesced", error)
-            works = self._each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
-
-            def finish() -> List[List[torch.Tensor]]:
-                for i, work in enumerate(works):
-                    for r in range(self._group_size):
-                        per_rank[r][i].copy_(work.result[r])
-                return per_rank
-
-            return works, finish
-
-        return self._run("allgather_coalesced", opts, inputs[0].device, issue)
-
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
-        """``all_gather_into_tensor``: ``output`` is ``(size * d0, ...)`` (blocks concatenated
-        along dim 0) or ``(size, d0, ...)``. When dim 0 is outermost in ``output``'s memory and
-        its blocks have the input's layout, denseccl gathers straight into it; otherwise it
-        gathers into a stacked buffer and copies (staging)."""
-        opts = _options(opts, _c10d.AllgatherOptions)
-        comm = self._communicator([output, input], "all_gather_into_tensor")
-        return self._run("all_gather_into_tensor", opts, input.device, self._gather_single(comm, output, input))
-
-    _allgather_base = all_gather_single
-
-    def _gather_single(self, comm: Communicator, output: torch.Tensor, inp: torch.Tensor) -> Callable[[], Tuple[List[Any], Callable[[], Any]]]:
-        size = self._group_size
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            try:
-                if output.dtype != inp.dtype:
-                    raise LayoutError(f"all_gather_into_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}")
-                view = stacked_view(output, tuple(inp.shape), size, "all_gather_into_tensor output")
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "allgather", error)
-            direct = is_stacked(view, size) and _block_key(view) == key_of(inp)
-            if direct:
-                return [comm.allgather(inp, out=view, async_op=True)], lambda: [output]
-            work = comm.allgather(inp, async_op=True)
-            self.staged_operations += 1
-
-            def finish() -> List[torch.Tensor]:
-                view.copy_(work.result)
-                return [output]
-
-            return [work], finish
-
-        return issue
-
-    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.AllgatherOptions)
-        outputs, inputs = _as_list(outputs), _as_list(inputs)
-        comm = self._communicator(inputs, "all_gather_into_tensor_coalesced")
-        if len(outputs) != len(inputs):
-            _fail_everywhere(comm, "allgather", LayoutError(f"{len(outputs)} outputs for {len(inputs)} inputs"))
-        issues = [self._gather_single(comm, o, i) for o, i in zip(outputs, inputs)]
-        return self._run("all_gather_into_tensor_coalesced", opts, inputs[0].device, _chain(issues, outputs))
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    # -- reduce-scatter ----------------------------------------------------------------------
-
-    def reduce_scatter(self, output_tensors: Any, input_lists: Any, opts: Any = None) -> dist.Work:
-        """``output_tensors[i]`` gets the reduction of every rank's ``input_lists[i][rank]``.
-        The inputs are stacked (copied) into a buffer whose blocks have the output's layout, so
-        the result lands in the output directly."""
-        opts = _options(opts, _c10d.ReduceScatterOptions)
-        outputs = _as_list(output_tensors)
-        lists = [list(group) for group in input_lists]
-        comm = self._communicator(outputs, "reduce_scatter")
-        op = reduce_op(opts.reduceOp)
-        size = self._group_size
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            stacks = []
-            try:
-                if len(lists) != len(outputs):
-                    raise LayoutError(f"reduce_scatter: {len(lists)} input lists for {len(outputs)} outputs")
-                for out, ins in zip(outputs, lists):
-                    _check_gather_list(out, ins, size, "reduce_scatter", inputs_word="input_list")
-                    stack = _stack_like(out, size)
-                    for r, piece in enumerate(ins):
-                        stack[r].copy_(piece)
-                    stacks.append(stack)
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "reduce_scatter", error)
-            starts = []
-            for out, stack in zip(outputs, stacks):
-                direct = is_dense(out)
-                starts.append(lambda out=out, stack=stack, direct=direct: comm.reduce_scatter(stack, op, out=out if direct else None, async_op=True))
-            works = self._each(starts)
-
-            def finish() -> List[torch.Tensor]:
-                for out, work in zip(outputs, works):
-                    if work.result is not out:
-                        out.copy_(work.result)
-                return outputs
-
-            return works, finish
-
-        return self._run("reduce_scatter", opts, outputs[0].device, issue)
-
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
-        """``reduce_scatter_tensor``: ``input`` is ``(size * d0, ...)`` or ``(size, d0, ...)``.
-        When dim 0 is outermost in the input's memory its blocks are spans and denseccl reduces
-        it in place of a stacked buffer; otherwise the input is staged (copied) into one."""
-        opts = _options(opts, _c10d.ReduceScatterOptions)
-        comm = self._communicator([output, input], "reduce_scatter_tensor")
-        op = reduce_op(opts.reduceOp)
-        return self._run("reduce_scatter_tensor", opts, input.device, self._scatter_single(comm, output, input, op))
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    def _scatter_single(self, comm: Communicator, output: torch.Tensor, inp: torch.Tensor, op: OpLike) -> Callable[[], Tuple[List[Any], Callable[[], Any]]]:
-        size = self._group_size
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            try:
-                if output.dtype != inp.dtype:
-                    raise LayoutError(f"reduce_scatter_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}")
-                if not is_dense(inp):
-                    raise LayoutError(not_dense_message("reduce_scatter_tensor input", inp))
-                view = stacked_view(inp, tuple(output.shape), size, "reduce_scatter_tensor input")
-                staged = not is_stacked(view, size)
-                if staged:
-                    stack = staging_stack(view, size)
-                    stack.copy_(view)
-                else:
-                    stack = view
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "reduce_scatter", error)
-            direct = _block_key(stack) == key_of(output) and not _overlap(output, stack)
-            self.staged_operations += int(staged or not direct)
-            work = comm.reduce_scatter(stack, op, out=output if direct else None, async_op=True)
-            if direct:
-                return [work], lambda: [output]
-
-            def finish() -> List[torch.Tensor]:
-                output.copy_(work.result)
-                return [output]
-
-            return [work], finish
-
-        return issue
-
-    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.ReduceScatterOptions)
-        outputs, inputs = _as_list(outputs), _as_list(inputs)
-        comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
-        op = reduce_op(opts.reduceOp)
-        if len(outputs) != len(inputs):
-            _fail_everywhere(comm, "reduce_scatter", LayoutError(f"{len(outputs)} outputs for {len(inputs)} inputs"))
-        issues = [self._scatter_single(comm, o, i, op) for o, i in zip(outputs, inputs)]
-        return self._run("reduce_scatter_tensor_coalesced", opts, inputs[0].device, _chain(issues, outputs))
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
     # -- barrier -----------------------------------------------------------------------------
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.BarrierOptions)
+        opts = options(opts, _c10d.BarrierOptions)
         if self._host is not None:
             comm = self._host
         else:
@@ -560,7 +246,7 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:  # noqa: A002
         """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r``. Runs row-major: a tensor
         that is not row-major is staged through a contiguous copy."""
-        opts = _options(opts, _c10d.AllToAllOptions)
+        opts = options(opts, _c10d.AllToAllOptions)
         mpi = self._aux_comm([output, input], "all_to_all_single")
         from . import _extras  # noqa: PLC0415
 
@@ -570,8 +256,8 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.AllToAllOptions)
-        outputs, inputs = _as_list(output_tensors), _as_list(input_tensors)
+        opts = options(opts, _c10d.AllToAllOptions)
+        outputs, inputs = as_list(output_tensors), as_list(input_tensors)
         mpi = self._aux_comm(outputs + inputs, "all_to_all")
         from . import _extras  # noqa: PLC0415
 
@@ -579,14 +265,14 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
         return self._run("all_to_all", opts, inputs[0].device, issue)
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
-        tensors = _as_list(tensors)
+        tensors = as_list(tensors)
         mpi = self._aux_comm(tensors, "send")
         from . import _extras  # noqa: PLC0415
 
         return self._run("send", None, tensors[0].device, _extras.send(mpi, tensors, dst, tag))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
-        tensors = _as_list(tensors)
+        tensors = as_list(tensors)
         mpi = self._aux_comm(tensors, "recv")
         from . import _extras  # noqa: PLC0415
 
@@ -595,62 +281,6 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> dist.Work:
         return self.recv(tensors, -1, tag)
-
-    # -- gather / scatter (via allgather / broadcast: every rank moves the whole data) -------
-
-    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.GatherOptions)
-        inputs = _as_list(input_tensors)
-        comm = self._communicator(inputs, "gather")
-        root = opts.rootRank
-        outs = list(output_tensors[0]) if self._group_rank == root and len(output_tensors) else []
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            try:
-                if len(inputs) != 1:
-                    raise LayoutError(f"gather takes one input tensor, got {len(inputs)}")
-                if self._group_rank == root:
-                    _check_gather_list(inputs[0], outs, self._group_size, "gather")
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "allgather", error)
-            work = comm.allgather(inputs[0], async_op=True)
-
-            def finish() -> List[List[torch.Tensor]]:
-                for r, out in enumerate(outs):
-                    out.copy_(work.result[r])
-                return [outs]
-
-            return [work], finish
-
-        return self._run("gather", opts, inputs[0].device, issue)
-
-    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = _options(opts, _c10d.ScatterOptions)
-        outputs = _as_list(output_tensors)
-        comm = self._communicator(outputs, "scatter")
-        root = opts.rootRank
-        size = self._group_size
-        out = outputs[0]
-        stack = _stack_like(out, size)
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            try:
-                if self._group_rank == root:
-                    pieces = list(input_tensors[0]) if len(input_tensors) else []
-                    _check_gather_list(out, pieces, size, "scatter", inputs_word="scatter_list")
-                    for r, piece in enumerate(pieces):
-                        stack[r].copy_(piece)
-            except Exception as error:  # noqa: BLE001
-                _fail_everywhere(comm, "broadcast", error)
-            work = comm.broadcast(stack, root, async_op=True)
-
-            def finish() -> List[torch.Tensor]:
-                out.copy_(stack[self._group_rank])
-                return [out]
-
-            return [work], finish
-
-        return self._run("scatter", opts, out.device, issue)
 
     # -- coalescing and lifecycle --------------------------------------------------------------
 
@@ -687,95 +317,6 @@ class ProcessGroupDenseCCL(dist.ProcessGroup):
         self._progress.stop()
 
 
-def _timeout_seconds(timeout: Optional[datetime.timedelta]) -> Optional[float]:
-    """torch's timeout, unless DENSECCL_TIMEOUT (seconds, 0 for none) overrides it."""
-    raw = os.environ.get("DENSECCL_TIMEOUT")
-    if raw is not None:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            raise DenseCCLError(f"DENSECCL_TIMEOUT must be a number of seconds, got {raw!r}") from None
-        return seconds if seconds > 0 else None
-    return timeout.total_seconds() if timeout else None
-
-
-def _chain(issues: Sequence[Callable[[], Tuple[List[Any], Callable[[], Any]]]], outputs: List[torch.Tensor]) -> Callable[[], Tuple[List[Any], Callable[[], Any]]]:
-    """Several single-tensor issues as one operation."""
-
-    def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        steps: List[Any] = []
-        finishes: List[Callable[[], Any]] = []
-        try:
-            for one in issues:
-                more, finish = one()
-                steps.extend(more)
-                finishes.append(finish)
-        except BaseException:
-            for step in steps:
-                with contextlib.suppress(Exception):
-                    step.wait()
-            raise
-
-        def finish() -> List[torch.Tensor]:
-            for one in finishes:
-                one()
-            return outputs
-
-        return steps, finish
-
-    return issue
-
-
-def _stack_like(block: torch.Tensor, size: int) -> torch.Tensor:
-    """An empty stacked buffer ``(size, *block.shape)`` whose blocks have ``block``'s dense
-    layout."""
-    strides = dense_strides_like(block)
-    return torch.empty_strided((size, *block.shape), (block.numel(), *strides), dtype=block.dtype, device=block.device)
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two dense tensors' spans share memory."""
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
-def _block_key(stack: torch.Tensor) -> tuple:
-    """The layout key of one block ``stack[r]`` of a stacked view."""
-    return layout_key(str(stack.dtype).rpartition(".")[2], tuple(stack.shape[1:]), stack.stride()[1:])
-
-
-def _composite_key(tensors: Sequence[torch.Tensor]) -> tuple:
-    """One layout key standing for several tensors (dtypes, shapes and strides of each)."""
-    keys = [key_of(t) for t in tensors]
-    return ("+".join(k[0] for k in keys), tuple(k[1] for k in keys), tuple(k[2] for k in keys))
-
-
-def _check_gather_list(one: torch.Tensor, many: Sequence[torch.Tensor], size: int, what: str, *, inputs_word: str = "output list") -> None:
-    if len(many) != size:
-        raise LayoutError(f"{what}: the {inputs_word} has {len(many)} tensors; it needs one per rank ({size})")
-    for r, t in enumerate(many):
-        if tuple(t.shape) != tuple(one.shape) or t.dtype != one.dtype:
-            raise LayoutError(
-                f"{what}: tensor {r} of the {inputs_word} is {t.dtype} of shape {tuple(t.shape)}, but must match "
-                f"{one.dtype} of shape {tuple(one.shape)}"
-            )
-        if t.device != one.device:
-            raise LayoutError(f"{what}: tensor {r} of the {inputs_word} is on {t.device}, not {one.device}")
-
-
-@contextlib.contextmanager
-def _cuda_context(device: Optional[torch.device]) -> Iterator[None]:
-    """For CUDA tensors, make their device current (denseccl runs a torch tensor's device
-    collective on torch's current stream of that device)."""
-    if device is None or device.type != "cuda":
-        yield
-        return
-    with torch.cuda.device(device):
-        yield
-
-
 def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupDenseCCL:
     """The creator registered with ``Backend.register_backend`` (extended API: it receives the
     global ranks of the group, so subgroups map to MPI sub-communicators)."""
@@ -788,4 +329,4 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     )
 
 
-__all__ = ["BACKEND_NAME", "ProcessGroupDenseCCL", "create_process_group", "launched_by_mpi", "reduce_op"]
+__all__ = ["BACKEND_NAME", "ProcessGroupDenseCCL", "create_process_group"]

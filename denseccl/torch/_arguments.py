@@ -1,0 +1,78 @@
+"""torch's call arguments in denseccl's terms, for the process group's methods.
+
+torch hands a backend its reduce op, an options object per collective (direct Python callers
+may pass a ReduceOp or nothing instead), one tensor or a list, and a timeout; CUDA tensors also
+need their device made current. Kept apart from the group so that each method reads as the
+collective it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DenseCCLError, LayoutError
+from ..ops import OpLike, PreMulSum
+
+_RED = dist.ReduceOp.RedOpType
+_OPS = {_RED.SUM: "sum", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max", _RED.AVG: "avg"}
+
+
+def reduce_op(op: Any) -> OpLike:
+    """torch's ReduceOp (or RedOpType) as a denseccl op; PREMUL_SUM becomes
+    ``denseccl.PreMulSum(factor)``."""
+    kind = op if isinstance(op, _RED) else op.op
+    if kind == _RED.PREMUL_SUM:
+        factor = op.factor
+        if isinstance(factor, torch.Tensor):
+            if factor.numel() != 1:
+                raise LayoutError(f"PREMUL_SUM needs one scale factor, got a tensor of shape {tuple(factor.shape)}")
+            factor = factor.item()
+        return PreMulSum(float(factor))
+    name = _OPS.get(kind)
+    if name is None:
+        raise LayoutError(f"reduce op {kind} is not supported by the denseccl backend (use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM)")
+    return name
+
+
+def as_list(tensors: Any) -> List[torch.Tensor]:
+    """One tensor or a sequence of them, as a list."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def options(opts: Any, cls: Any) -> Any:
+    """torch's options object; direct Python callers may pass a ReduceOp, or nothing."""
+    if isinstance(opts, cls):
+        return opts
+    made = cls()
+    if opts is not None and hasattr(made, "reduceOp"):
+        made.reduceOp = opts
+    return made
+
+
+def timeout_seconds(timeout: Optional[datetime.timedelta]) -> Optional[float]:
+    """torch's timeout, unless DENSECCL_TIMEOUT (seconds, 0 for none) overrides it."""
+    raw = os.environ.get("DENSECCL_TIMEOUT")
+    if raw is not None:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            raise DenseCCLError(f"DENSECCL_TIMEOUT must be a number of seconds, got {raw!r}") from None
+        return seconds if seconds > 0 else None
+    return timeout.total_seconds() if timeout else None
+
+
+@contextlib.contextmanager
+def cuda_context(device: Optional[torch.device]) -> Iterator[None]:
+    """For CUDA tensors, make their device current (denseccl runs a torch tensor's device
+    collective on torch's current stream of that device)."""
+    if device is None or device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        yield

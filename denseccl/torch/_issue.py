@@ -1,0 +1,98 @@
+"""How the process group's operations start: each builds an *issue*, a function that starts
+the operation's steps and returns them with the *finish* that produces its result (see
+:mod:`.work`).
+
+Two rules hold for every issue, and live here so that each collective need not repeat them:
+a local failure (bad arguments, a layout refused) is raised on every rank, through denseccl's
+agreement step, instead of leaving the peers waiting; and when one of several steps fails to
+start, the ones already started (which the peers started too) are waited for before raising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..communicator import Communicator
+
+#: Starts an operation's steps; returns them with the finish that produces its result.
+Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
+
+
+def fail_everywhere(comm: Communicator, collective: str, error: BaseException) -> None:
+    """Raise ``error`` here after taking part in the agreement step as invalid, so that every
+    peer raises too (a MismatchError naming this rank's problem) instead of waiting."""
+    comm._fail(collective, error)
+
+
+@contextlib.contextmanager
+def raising_everywhere(comm: Communicator, collective: str) -> Iterator[None]:
+    """Local checks and staging of ``collective``: an exception they raise is raised on every
+    rank (:func:`fail_everywhere`)."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+        fail_everywhere(comm, collective, error)
+        raise  # unreachable: fail_everywhere raises
+
+
+def _settle(steps: Sequence[Any]) -> None:
+    """Wait for steps already started (their peers started them too), ignoring their errors:
+    a later step failed to start, and that is the error to raise."""
+    for step in steps:
+        with contextlib.suppress(Exception):
+            step.wait()
+
+
+def start_each(starts: Sequence[Callable[[], Any]]) -> List[Any]:
+    """Start several collectives; if one fails, finish the ones already started before
+    raising."""
+    started: List[Any] = []
+    try:
+        for start in starts:
+            started.append(start())
+    except BaseException:
+        _settle(started)
+        raise
+    return started
+
+
+def chain(issues: Sequence[Issue], outputs: List[torch.Tensor]) -> Issue:
+    """Several single-tensor issues as one operation."""
+
+    def issue() -> Tuple[List[Any], Callable[[], Any]]:
+        steps: List[Any] = []
+        finishes: List[Callable[[], Any]] = []
+        try:
+            for one in issues:
+                more, finish = one()
+                steps.extend(more)
+                finishes.append(finish)
+        except BaseException:
+            _settle(steps)
+            raise
+
+        def finish() -> List[torch.Tensor]:
+            for one in finishes:
+                one()
+            return outputs
+
+        return steps, finish
+
+    return issue
+
+
+def one_step(work: Any, output: torch.Tensor, copy_into: Optional[torch.Tensor] = None) -> Tuple[List[Any], Callable[[], Any]]:
+    """The steps and finish of a single-tensor operation whose result is ``output``: the work
+    moved it there, or (staged) the finish copies the work's result into ``copy_into``
+    (``output`` or a view of it)."""
+    if copy_into is None:
+        return [work], lambda: [output]
+
+    def finish() -> List[torch.Tensor]:
+        copy_into.copy_(work.result)
+        return [output]
+
+    return [work], finish

@@ -1,0 +1,72 @@
+"""The MPI side of a process group's launch.
+
+CPU tensors move over MPI, so a group needs an MPI communicator whose ranks are torch's ranks
+in the same order. This module says whether that can exist in this process (started by an
+MPI launcher, mpi4py installed) and builds it, refusing with a message that says how to launch
+when torch's rank or world size disagrees with MPI's. Without one, CUDA tensors still work.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence, Tuple
+
+from ..errors import DenseCCLError
+
+#: Environment variables that say the process was started by an MPI launcher.
+_MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher (mpiexec, mpirun, srun with PMI) started this process."""
+    return any(name in os.environ for name in _MPI_LAUNCH_VARIABLES)
+
+
+def host_problem(size: int) -> Optional[str]:
+    """Why a group of ``size`` ranks cannot move CPU tensors over MPI in this process, or None
+    if it can. Started by an MPI launcher without mpi4py is an error, raised here."""
+    if not launched_by_mpi() and size > 1:
+        return (
+            f"the denseccl backend moves CPU tensors over MPI, but this process was not started by an MPI "
+            f"launcher: launch all {size} ranks with mpiexec -n {size} (or launch/run -n {size}) and give "
+            "torch the MPI rank (denseccl.torch.init_process_group() does that). CUDA tensors work without "
+            "one (their NCCL communicator bootstraps over torch's store)"
+        )
+    try:
+        import mpi4py.MPI  # noqa: F401, PLC0415
+    except ImportError as error:
+        if launched_by_mpi():
+            raise DenseCCLError(f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'") from None
+        return f"the denseccl backend moves CPU tensors over MPI, and mpi4py is not installed ({error}): pip install 'denseccl[mpi]'"
+    return None
+
+
+def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, bool]:
+    """The mpi4py communicator of a group's ranks (``global_ranks``, in group-rank order), and
+    whether it was created for a subgroup (then the group frees it); the world's when the
+    group is the whole job. Raises when torch's ranks are not MPI's."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    global_ranks = list(global_ranks)
+    world = MPI.COMM_WORLD
+    if world.Get_size() < len(global_ranks) or (global_ranks == list(range(size)) and world.Get_size() != size):
+        raise DenseCCLError(
+            f"denseccl: torch's process group has {size} ranks but MPI has {world.Get_size()}: launch with "
+            f"mpiexec -n {size}, or pass world_size={world.Get_size()} to init_process_group"
+        )
+    mine = global_ranks[rank]
+    if world.Get_rank() != mine:
+        raise DenseCCLError(
+            f"denseccl: torch rank {mine} is MPI rank {world.Get_rank()}; the two must match because CPU tensors "
+            "move over MPI. Pass rank=MPI.COMM_WORLD.Get_rank() (and world_size=MPI.COMM_WORLD.Get_size()) to "
+            "init_process_group, or set RANK from the launcher (PMI_RANK under mpiexec); "
+            "denseccl.torch.init_process_group() does this for you"
+        )
+    if global_ranks == list(range(world.Get_size())):
+        return world, False
+    group = world.Get_group()
+    subset = group.Incl(global_ranks)
+    base = world.Create_group(subset)
+    subset.Free()
+    group.Free()
+    return base, True

@@ -1,0 +1,284 @@
+"""The gather and scatter collectives of the process group: allgather, reduce-scatter, gather
+and scatter, in their list, single-tensor and coalesced forms.
+
+All of them move a *stacked* buffer, one block per rank, where the caller gave lists of
+tensors or one tensor with the blocks concatenated along dim 0. That buffer must be laid out
+so that every rank agrees on it, which is what this module decides: whether the caller's
+tensor can be moved as it is (dim 0 outermost, blocks in the layout of the other side) or must
+be staged through a copy (counted in ``staged_operations``). The methods keep torch's names,
+so they live in a mixin that :class:`~.process_group.ProcessGroupDenseCCL` inherits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
+
+from ..communicator import Communicator
+from ..errors import LayoutError
+from ..ops import OpLike
+from ._arguments import as_list, options, reduce_op
+from ._issue import Issue, chain, fail_everywhere, one_step, raising_everywhere, start_each
+from ._tensors import block_key, is_dense, is_stacked, key_of, not_dense_message, overlap, stack_like, stacked_view, staging_stack
+
+
+def _check_gather_list(one: torch.Tensor, many: Sequence[torch.Tensor], size: int, what: str, *, inputs_word: str = "output list") -> None:
+    """``many`` holds one tensor per rank, each of ``one``'s dtype, shape and device."""
+    if len(many) != size:
+        raise LayoutError(f"{what}: the {inputs_word} has {len(many)} tensors; it needs one per rank ({size})")
+    for r, t in enumerate(many):
+        if tuple(t.shape) != tuple(one.shape) or t.dtype != one.dtype:
+            raise LayoutError(
+                f"{what}: tensor {r} of the {inputs_word} is {t.dtype} of shape {tuple(t.shape)}, but must match "
+                f"{one.dtype} of shape {tuple(one.shape)}"
+            )
+        if t.device != one.device:
+            raise LayoutError(f"{what}: tensor {r} of the {inputs_word} is on {t.device}, not {one.device}")
+
+
+class GatherScatter:
+    """torch's gather and scatter methods, mixed into the process group; they use its
+    ``_communicator`` and ``_run``."""
+
+    _group_rank: int
+    _group_size: int
+    staged_operations: int
+    _communicator: Callable[[Sequence[torch.Tensor], str], Communicator]
+    _run: Callable[..., dist.Work]
+
+    # -- allgather ---------------------------------------------------------------------------
+
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
+        """``output_tensors[i][r]`` gets rank ``r``'s ``input_tensors[i]``, in its own layout:
+        denseccl gathers into a stacked buffer with the input's layout, then each output is
+        copied from its block."""
+        opts = options(opts, _c10d.AllgatherOptions)
+        inputs = as_list(input_tensors)
+        outputs = [list(group) for group in output_tensors]
+        comm = self._communicator(inputs, "allgather")
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            with raising_everywhere(comm, "allgather"):
+                if len(outputs) != len(inputs):
+                    raise LayoutError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
+                for inp, outs in zip(inputs, outputs):
+                    _check_gather_list(inp, outs, self._group_size, "allgather")
+            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
+
+            def finish() -> List[List[torch.Tensor]]:
+                for work, outs in zip(works, outputs):
+                    stacked = work.result
+                    for r, out in enumerate(outs):
+                        out.copy_(stacked[r])
+                return outputs
+
+            return works, finish
+
+        return self._run("allgather", opts, inputs[0].device, issue)
+
+    def allgather_coalesced(self, output_lists: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
+        """``output_lists[r][i]`` gets rank ``r``'s ``input_tensors[i]``."""
+        opts = options(opts, _c10d.AllgatherOptions)
+        inputs = as_list(input_tensors)
+        per_rank = [list(outs) for outs in output_lists]
+        comm = self._communicator(inputs, "allgather_coalesced")
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            with raising_everywhere(comm, "allgather_coalesced"):
+                if len(per_rank) != self._group_size or any(len(outs) != len(inputs) for outs in per_rank):
+                    raise LayoutError(
+                        f"allgather_coalesced: output_lists must hold {self._group_size} lists (one per rank) of "
+                        f"{len(inputs)} tensors"
+                    )
+                for i, inp in enumerate(inputs):
+                    _check_gather_list(inp, [outs[i] for outs in per_rank], self._group_size, "allgather_coalesced")
+            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
+
+            def finish() -> List[List[torch.Tensor]]:
+                for i, work in enumerate(works):
+                    for r in range(self._group_size):
+                        per_rank[r][i].copy_(work.result[r])
+                return per_rank
+
+            return works, finish
+
+        return self._run("allgather_coalesced", opts, inputs[0].device, issue)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
+        """``all_gather_into_tensor``: ``output`` is ``(size * d0, ...)`` (blocks concatenated
+        along dim 0) or ``(size, d0, ...)``. When dim 0 is outermost in ``output``'s memory and
+        its blocks have the input's layout, denseccl gathers straight into it; otherwise it
+        gathers into a stacked buffer and copies (staging)."""
+        opts = options(opts, _c10d.AllgatherOptions)
+        comm = self._communicator([output, input], "all_gather_into_tensor")
+        return self._run("all_gather_into_tensor", opts, input.device, self._gather_single(comm, output, input))
+
+    _allgather_base = all_gather_single
+
+    def _gather_single(self, comm: Communicator, output: torch.Tensor, inp: torch.Tensor) -> Issue:
+        size = self._group_size
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            with raising_everywhere(comm, "allgather"):
+                if output.dtype != inp.dtype:
+                    raise LayoutError(f"all_gather_into_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}")
+                view = stacked_view(output, tuple(inp.shape), size, "all_gather_into_tensor output")
+            if is_stacked(view, size) and block_key(view) == key_of(inp):
+                return one_step(comm.allgather(inp, out=view, async_op=True), output)
+            work = comm.allgather(inp, async_op=True)
+            self.staged_operations += 1
+            return one_step(work, output, copy_into=view)
+
+        return issue
+
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        opts = options(opts, _c10d.AllgatherOptions)
+        outputs, inputs = as_list(outputs), as_list(inputs)
+        comm = self._communicator(inputs, "all_gather_into_tensor_coalesced")
+        if len(outputs) != len(inputs):
+            fail_everywhere(comm, "allgather", LayoutError(f"{len(outputs)} outputs for {len(inputs)} inputs"))
+        issues = [self._gather_single(comm, o, i) for o, i in zip(outputs, inputs)]
+        return self._run("all_gather_into_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    # -- reduce-scatter ----------------------------------------------------------------------
+
+    def reduce_scatter(self, output_tensors: Any, input_lists: Any, opts: Any = None) -> dist.Work:
+        """``output_tensors[i]`` gets the reduction of every rank's ``input_lists[i][rank]``.
+        The inputs are stacked (copied) into a buffer whose blocks have the output's layout, so
+        the result lands in the output directly."""
+        opts = options(opts, _c10d.ReduceScatterOptions)
+        outputs = as_list(output_tensors)
+        lists = [list(group) for group in input_lists]
+        comm = self._communicator(outputs, "reduce_scatter")
+        op = reduce_op(opts.reduceOp)
+        size = self._group_size
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            stacks = []
+            with raising_everywhere(comm, "reduce_scatter"):
+                if len(lists) != len(outputs):
+                    raise LayoutError(f"reduce_scatter: {len(lists)} input lists for {len(outputs)} outputs")
+                for out, ins in zip(outputs, lists):
+                    _check_gather_list(out, ins, size, "reduce_scatter", inputs_word="input_list")
+                    stack = stack_like(out, size)
+                    for r, piece in enumerate(ins):
+                        stack[r].copy_(piece)
+                    stacks.append(stack)
+            starts = []
+            for out, stack in zip(outputs, stacks):
+                direct = is_dense(out)
+                starts.append(lambda out=out, stack=stack, direct=direct: comm.reduce_scatter(stack, op, out=out if direct else None, async_op=True))
+            works = start_each(starts)
+
+            def finish() -> List[torch.Tensor]:
+                for out, work in zip(outputs, works):
+                    if work.result is not out:
+                        out.copy_(work.result)
+                return outputs
+
+            return works, finish
+
+        return self._run("reduce_scatter", opts, outputs[0].device, issue)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
+        """``reduce_scatter_tensor``: ``input`` is ``(size * d0, ...)`` or ``(size, d0, ...)``.
+        When dim 0 is outermost in the input's memory its blocks are spans and denseccl reduces
+        it in place of a stacked buffer; otherwise the input is staged (copied) into one."""
+        opts = options(opts, _c10d.ReduceScatterOptions)
+        comm = self._communicator([output, input], "reduce_scatter_tensor")
+        op = reduce_op(opts.reduceOp)
+        return self._run("reduce_scatter_tensor", opts, input.device, self._scatter_single(comm, output, input, op))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _scatter_single(self, comm: Communicator, output: torch.Tensor, inp: torch.Tensor, op: OpLike) -> Issue:
+        size = self._group_size
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            with raising_everywhere(comm, "reduce_scatter"):
+                if output.dtype != inp.dtype:
+                    raise LayoutError(f"reduce_scatter_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}")
+                if not is_dense(inp):
+                    raise LayoutError(not_dense_message("reduce_scatter_tensor input", inp))
+                view = stacked_view(inp, tuple(output.shape), size, "reduce_scatter_tensor input")
+                staged = not is_stacked(view, size)
+                if staged:
+                    stack = staging_stack(view, size)
+                    stack.copy_(view)
+                else:
+                    stack = view
+            direct = block_key(stack) == key_of(output) and not overlap(output, stack)
+            self.staged_operations += int(staged or not direct)
+            work = comm.reduce_scatter(stack, op, out=output if direct else None, async_op=True)
+            return one_step(work, output, copy_into=None if direct else output)
+
+        return issue
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
+        opts = options(opts, _c10d.ReduceScatterOptions)
+        outputs, inputs = as_list(outputs), as_list(inputs)
+        comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
+        op = reduce_op(opts.reduceOp)
+        if len(outputs) != len(inputs):
+            fail_everywhere(comm, "reduce_scatter", LayoutError(f"{len(outputs)} outputs for {len(inputs)} inputs"))
+        issues = [self._scatter_single(comm, o, i, op) for o, i in zip(outputs, inputs)]
+        return self._run("reduce_scatter_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- gather / scatter (via allgather / broadcast: every rank moves the whole data) -------
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
+        opts = options(opts, _c10d.GatherOptions)
+        inputs = as_list(input_tensors)
+        comm = self._communicator(inputs, "gather")
+        root = opts.rootRank
+        outs = list(output_tensors[0]) if self._group_rank == root and len(output_tensors) else []
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            with raising_everywhere(comm, "allgather"):
+                if len(inputs) != 1:
+                    raise LayoutError(f"gather takes one input tensor, got {len(inputs)}")
+                if self._group_rank == root:
+                    _check_gather_list(inputs[0], outs, self._group_size, "gather")
+            work = comm.allgather(inputs[0], async_op=True)
+
+            def finish() -> List[List[torch.Tensor]]:
+                for r, out in enumerate(outs):
+                    out.copy_(work.result[r])
+                return [outs]
+
+            return [work], finish
+
+        return self._run("gather", opts, inputs[0].device, issue)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
+        opts = options(opts, _c10d.ScatterOptions)
+        outputs = as_list(output_tensors)
+        comm = self._communicator(outputs, "scatter")
+        root = opts.rootRank
+        size = self._group_size
+        out = outputs[0]
+        stack = stack_like(out, size)
+
+        def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            with raising_everywhere(comm, "broadcast"):
+                if self._group_rank == root:
+                    pieces = list(input_tensors[0]) if len(input_tensors) else []
+                    _check_gather_list(out, pieces, size, "scatter", inputs_word="scatter_list")
+                    for r, piece in enumerate(pieces):
+                        stack[r].copy_(piece)
+            work = comm.broadcast(stack, root, async_op=True)
+
+            def finish() -> List[torch.Tensor]:
+                out.copy_(stack[self._group_rank])
+                return [out]
+
+            return [work], finish
+
+        return self._run("scatter", opts, out.device, issue)
