@@ -139,8 +139,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"  rounds {args.rounds} (median round; contenders alternate)")
     say(f"#  sizes {sizes[0]}..{sizes[-1]} B  layouts {','.join(layouts)}  contenders {','.join(c.name for c in contenders)}")
     say("#  time: mean per-iteration time after warm-up, averaged across ranks; GB = 1e9 B; all calls in place")
-    say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
     say("#  (allgather and reduce_scatter write a separate output); count is per rank for allgather/reduce_scatter")
+    say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
     for note in notes:
         say(f"#  skipped contender: {note}")
 
