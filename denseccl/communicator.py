@@ -385,14 +385,17 @@ class Communicator:
     def _guard(self, step: Any, *args: Any) -> Any:
         try:
             return step(*args)
-        except CollectiveTimeoutError as error:
-            self._broken = f"timed out: {error}"
-            raise
-        except DenseCCLError:
-            raise
         except Exception as error:
-            self._broken = f"transport failure: {type(error).__name__}: {error}"
+            self._note_failure(error)
             raise
+
+    def _note_failure(self, error: Exception) -> None:
+        """Mark the communicator broken after a timeout or a transport failure (not after a
+        local or agreement error, which leave it usable)."""
+        if isinstance(error, CollectiveTimeoutError):
+            self._broken = f"timed out: {error}"
+        elif not isinstance(error, DenseCCLError):
+            self._broken = f"transport failure: {type(error).__name__}: {error}"
 
     def _wait(self, pending: Pending, timeout: Optional[float] = None) -> None:
         self._guard(pending.wait, self._deadline(timeout))

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, NamedTuple
 
 from .agreement import Descriptor, agree, digest
 from .arrays import Buffer, data_pointer
-from .transports.base import Pending
+from .transports.base import wait_until
 
 #: Plans kept per communicator before the cache starts over.
 LIMIT = 512
@@ -28,10 +28,10 @@ class Plan(NamedTuple):
     #: bytes from the array's data pointer to its span's first element (<= 0)
     offset: int
     #: starts the collective on the span at the given address
-    start: Callable[[int], Pending]
+    start: Callable[[int], Callable[[], bool]]
 
 
-def remember(plans: Dict[Any, Plan], key: Any, descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Pending]) -> None:
+def remember(plans: Dict[Any, Plan], key: Any, descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Callable[[], bool]]) -> None:
     if len(plans) >= LIMIT:
         plans.clear()
     plans[key] = Plan(descriptor, digest(descriptor), buffer.span_pointer - buffer.pointer, start)
@@ -40,21 +40,21 @@ def remember(plans: Dict[Any, Plan], key: Any, descriptor: Descriptor, buffer: B
 def replay(comm: Any, plan: Plan, x: Any) -> Any:
     """Run ``plan`` on ``x`` (whose key matched): the same steps as the full path after local
     validation: usable?, agreement, transport call, wait; returns ``x`` (in place)."""
-    comm._usable()
+    if comm._broken is not None:
+        comm._usable()
     if comm.check and comm.size > 1:
         comm._guard(agree, comm.control, plan.descriptor, comm._deadline(), None, plan.digest)
-    comm._guard(_start_and_wait, plan.start, data_pointer(x) + plan.offset, comm)
+    try:
+        test = plan.start(data_pointer(x) + plan.offset)
+        for _ in range(SPINS):  # a small call is done before a deadline is worth computing
+            if test():
+                return x
+        wait_until(test, comm._deadline(), "MPI collective")
+    except Exception as error:
+        comm._note_failure(error)
+        raise
     return x
 
 
-#: polls before a replayed call computes its deadline (a small call is done by then)
+#: polls before a replayed call computes its deadline
 SPINS = 64
-
-
-def _start_and_wait(start: Callable[[int], Pending], address: int, comm: Any) -> None:
-    pending = start(address)
-    test = pending.test
-    for _ in range(SPINS):
-        if test():
-            return
-    pending.wait(comm._deadline())

@@ -109,17 +109,18 @@ class Transport(ABC):
     @abstractmethod
     def barrier(self) -> Pending: ...
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Pending]:
-        """For repeated calls (plans.py): a callable ``address -> Pending`` that starts the in-place
+    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Callable[[], bool]]:
+        """For repeated calls (plans.py): a callable ``address -> test`` that starts the in-place
         ``collective`` ("allreduce", "reduce" or "broadcast") on the ``count`` elements at
-        ``address``, exactly as the method of that name does with ``send == recv == address``.
+        ``address``, exactly as the method of that name does with ``send == recv == address``,
+        and returns a non-blocking ``test()`` that is True once it has completed (Pending.test).
         Transports may bind everything that does not depend on the address once."""
         if collective == "allreduce":
-            return lambda a: self.allreduce(a, a, count, dtype, op)  # type: ignore[arg-type]
+            return lambda a: self.allreduce(a, a, count, dtype, op).test  # type: ignore[arg-type]
         if collective == "reduce":
-            return lambda a: self.reduce(a, a, count, dtype, op, root)  # type: ignore[arg-type]
+            return lambda a: self.reduce(a, a, count, dtype, op, root).test  # type: ignore[arg-type]
         if collective == "broadcast":
-            return lambda a: self.broadcast(a, count, dtype, root)
+            return lambda a: self.broadcast(a, count, dtype, root).test
         raise ValueError(f"no in-place form of {collective!r}")
 
     def check_op(self, op: Op, dtype: DType) -> None:

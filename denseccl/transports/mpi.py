@@ -8,6 +8,8 @@ in float32, ``avg`` as a sum then a division, ``PreMulSum`` as a scaling of the 
 
 from __future__ import annotations
 
+import struct
+from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -43,6 +45,7 @@ _BASE_OPS = {
     ReduceOp.MIN: MPI.MIN,
     ReduceOp.MAX: MPI.MAX,
 }
+_THREE = struct.Struct("=3q")
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
 _HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
 
@@ -80,6 +83,19 @@ class MPIPending(Pending):
 
     def wait(self, deadline: Optional[float]) -> None:
         wait_until(self.test, deadline, "MPI collective")
+
+
+def _at_address(call: Callable[[list], Any], nbytes: int, count: int, mpi_type: Any) -> Callable[[int], Callable[[], bool]]:
+    """``start(address) -> test`` for a bound call (Transport.in_place): the message for the
+    last address is kept, so a loop over the same array builds it once."""
+    last = [0, None]
+
+    def start(address: int) -> Callable[[], bool]:
+        if address != last[0]:
+            last[0], last[1] = address, [MPI.buffer.fromaddress(address, nbytes), count, mpi_type]
+        return call(last[1]).Test
+
+    return start
 
 
 class MPITransport(Transport):
@@ -163,24 +179,22 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Pending]:
+    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Callable[[], bool]]:
         kind = None if op is None else op_kind(op)
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
             return super().in_place(collective, count, dtype, op, root)
-        nbytes, mpi_type, address = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.buffer.fromaddress
-        IN_PLACE = MPI.IN_PLACE
+        nbytes, mpi_type = count * dtype.itemsize, _MPI_TYPES[dtype.name]
         if collective == "allreduce":
-            start, mpi_op = self.comm.Iallreduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
-            return lambda a: MPIPending(start(IN_PLACE, [address(a, nbytes), count, mpi_type], mpi_op))
-        if collective == "reduce":
-            start, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
-            if self.rank == root:
-                return lambda a: MPIPending(start(IN_PLACE, [address(a, nbytes), count, mpi_type], mpi_op, root))
-            return lambda a: MPIPending(start([address(a, nbytes), count, mpi_type], None, mpi_op, root))
-        if collective == "broadcast":
-            start = self.comm.Ibcast
-            return lambda a: MPIPending(start([address(a, nbytes), count, mpi_type], root))
-        return super().in_place(collective, count, dtype, op, root)
+            call = partial(self.comm.Iallreduce, MPI.IN_PLACE, op=_mpi_op(kind, dtype))  # type: ignore[arg-type]
+        elif collective == "reduce" and self.rank == root:
+            call = partial(self.comm.Ireduce, MPI.IN_PLACE, op=_mpi_op(kind, dtype), root=root)  # type: ignore[arg-type]
+        elif collective == "reduce":
+            call = partial(self.comm.Ireduce, recvbuf=None, op=_mpi_op(kind, dtype), root=root)  # type: ignore[arg-type]
+        elif collective == "broadcast":
+            call = partial(self.comm.Ibcast, root=root)
+        else:
+            return super().in_place(collective, count, dtype, op, root)
+        return _at_address(call, nbytes, count, mpi_type)
 
     def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
         part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
@@ -198,16 +212,22 @@ class MPIControl(ControlChannel):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self._values = np.zeros(4, np.int64)
-        self._three = self._values[:3]  # the agreement's [digest, -digest, invalid]
+        # The agreement's [digest, -digest, invalid] travels in one buffer and one prebuilt
+        # message, so that the per-call cost is a pack, the MPI call and an unpack.
+        self._three = bytearray(24)
+        self._three_message = [self._three, 3, MPI.INT64_T]
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
-        n = len(values)
-        buffer = self._three if n == 3 else self._values[:n] if n <= 4 else np.zeros(n, np.int64)
-        buffer[:] = values
-        request = self.comm.Iallreduce(MPI.IN_PLACE, buffer, MPI.MAX)  # int64 buffer: mpi4py infers the type
-        wait_until(request.Test, deadline, "the agreement step")
-        return buffer.tolist()
+        if len(values) == 3:
+            buffer, message = self._three, self._three_message
+            _THREE.pack_into(buffer, 0, *values)
+        else:
+            buffer = np.array(values, np.int64)
+            message = [buffer, len(values), MPI.INT64_T]
+        request = self.comm.Iallreduce(MPI.IN_PLACE, message, MPI.MAX)
+        if not request.Test():
+            wait_until(request.Test, deadline, "the agreement step")
+        return _THREE.unpack_from(buffer) if buffer is self._three else buffer.tolist()
 
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         lengths = np.zeros(self.size, np.int64)
