@@ -164,6 +164,12 @@ def _torch_step(incoming: np.ndarray, result: np.ndarray, op_name: str, name: st
     return True
 
 
+#: Overflow to inf and NaN arithmetic are results here, as on the GPU, not something to warn about
+#: from inside an MPI callback.
+def _quiet() -> "np.errstate":
+    return np.errstate(over="ignore", invalid="ignore")
+
+
 def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, object], None]:
     """An MPI user-op function ``inout = in (op) inout`` for float16/bfloat16 elements."""
     ufunc = _UFUNCS[kind]
@@ -177,12 +183,13 @@ def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, ob
         if result.size and _torch_step(incoming, result, op_name, name):
             return
         scratch = _scratch
-        for start in range(0, result.size, CHUNK):
-            stop = start + CHUNK
-            left = _widen(incoming[start:stop], scratch.left, name)
-            right = _widen(result[start:stop], scratch.right, name)
-            ufunc(left, right, out=right)
-            _narrow(right, result[start:stop], name)
+        with _quiet():
+            for start in range(0, result.size, CHUNK):
+                stop = start + CHUNK
+                left = _widen(incoming[start:stop], scratch.left, name)
+                right = _widen(result[start:stop], scratch.right, name)
+                ufunc(left, right, out=right)
+                _narrow(right, result[start:stop], name)
 
     return reduce_halves
 
@@ -196,10 +203,11 @@ def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DTy
     """``destination = source * factor`` in the dtype's arithmetic (may alias exactly)."""
     if dtype.name in _HALVES:
         scratch = _scratch
-        for start, stop in _chunks(source):
-            single = _widen(source[start:stop], scratch.left, dtype.name)
-            single *= np.float32(factor)
-            _narrow(single, destination[start:stop], dtype.name)
+        with _quiet():
+            for start, stop in _chunks(source):
+                single = _widen(source[start:stop], scratch.left, dtype.name)
+                single *= np.float32(factor)
+                _narrow(single, destination[start:stop], dtype.name)
     elif dtype.kind in "iu":
         np.multiply(source, int(factor), out=destination, casting="unsafe")
     else:
@@ -210,10 +218,11 @@ def divide(view: np.ndarray, divisor: int, dtype: DType) -> None:
     """``view /= divisor`` in place; integers truncate toward zero, as NCCL's average does."""
     if dtype.name in _HALVES:
         scratch = _scratch
-        for start, stop in _chunks(view):
-            single = _widen(view[start:stop], scratch.left, dtype.name)
-            single /= np.float32(divisor)
-            _narrow(single, view[start:stop], dtype.name)
+        with _quiet():
+            for start, stop in _chunks(view):
+                single = _widen(view[start:stop], scratch.left, dtype.name)
+                single /= np.float32(divisor)
+                _narrow(single, view[start:stop], dtype.name)
     elif dtype.kind in "iu":
         for start, stop in _chunks(view):
             chunk = view[start:stop]
