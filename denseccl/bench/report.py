@@ -1,4 +1,4 @@
-"""Markdown tables from ``--json`` files of the benchmark (for docs/bench.md).
+"""Markdown tables from ``--json`` files of the benchmark (for the README (Benchmark section)).
 
     python -m denseccl.bench.report scaling r2.json r4.json r8.json   # busbw by size x ranks
     python -m denseccl.bench.report ratio run.json channels_last/denseccl contiguous/denseccl

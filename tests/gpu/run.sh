@@ -177,13 +177,16 @@ else
   bench_args=(-m denseccl.bench --backend nccl -b 4K -e 16M -f 16 -c allreduce,allgather,reduce_scatter --layouts all -n 10 -w 2 --rounds 2 --json "$out/bench.json")
   mpiexec_bin="$(dirname "$PY")/mpiexec"
   [ -x "$mpiexec_bin" ] || mpiexec_bin="$(command -v mpiexec || true)"
-  if has mpi && [ -n "$mpiexec_bin" ] && [ "$DENSECCL_GPU_TWO_RANKS" != no ]; then
+  two_ranks() {  # the command line that runs "$PY $@" on two ranks in the mode that worked
     if [ "$DENSECCL_GPU_TWO_RANKS" = hostid ]; then
-      split=(-env NCCL_SOCKET_IFNAME lo -env NCCL_IB_DISABLE 1)
-      command=("$mpiexec_bin" -n 1 -env NCCL_HOSTID denseccl-rank0 "${split[@]}" "$PY" "${bench_args[@]}" : -n 1 -env NCCL_HOSTID denseccl-rank1 "${split[@]}" "$PY" "${bench_args[@]}")
+      local split=(-env NCCL_SOCKET_IFNAME lo -env NCCL_IB_DISABLE 1)
+      command=("$mpiexec_bin" -n 1 -env NCCL_HOSTID denseccl-rank0 "${split[@]}" "$PY" "$@" : -n 1 -env NCCL_HOSTID denseccl-rank1 "${split[@]}" "$PY" "$@")
     else
-      command=("$mpiexec_bin" -n 2 "$PY" "${bench_args[@]}")
+      command=("$mpiexec_bin" -n 2 "$PY" "$@")
     fi
+  }
+  if has mpi && [ -n "$mpiexec_bin" ] && [ "$DENSECCL_GPU_TWO_RANKS" != no ]; then
+    two_ranks "${bench_args[@]}"
   else
     command=("$PY" "${bench_args[@]}")
     note "bench: one rank (MPI: $(has mpi && echo yes || echo no), mpiexec: ${mpiexec_bin:-none}, two ranks: $DENSECCL_GPU_TWO_RANKS)"
@@ -192,6 +195,16 @@ else
   timeout -k 10 "$(cap 150)" "${command[@]}" 2>&1 | tee "$out/bench.log"
   status=${PIPESTATUS[0]}
   if [ "$status" -eq 0 ]; then note "PASS bench: $(grep -i 'avg bus bandwidth' "$out/bench.log" | tail -n 1)"; else note "FAIL bench (exit $status): $(tail -n 1 "$out/bench.log")"; failed=1; fi
+  # DDP step time of a channels-last ConvNet: denseccl vs gloo vs nccl (two ranks only)
+  if has mpi && has torch_cuda && [ -n "$mpiexec_bin" ] && [ "$DENSECCL_GPU_TWO_RANKS" != no ] && [ "$(cap 90)" -ge 40 ]; then
+    two_ranks launch/bench_ddp.py --rounds 3 --steps 10
+    echo "+ ${command[*]}"
+    timeout -k 10 "$(cap 90)" "${command[@]}" 2>&1 | tee "$out/bench-ddp.log"
+    status=${PIPESTATUS[0]}
+    if [ "$status" -eq 0 ]; then note "PASS DDP bench (table in bench-ddp.log)"; else note "FAIL DDP bench (exit $status): $(tail -n 1 "$out/bench-ddp.log")"; failed=1; fi
+  else
+    note "SKIP DDP bench: needs MPI, torch with CUDA and two ranks on the GPU"
+  fi
 fi
 
 echo
