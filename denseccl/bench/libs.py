@@ -129,7 +129,9 @@ class TorchLib:
             self.torch.cuda.synchronize()
 
 
-class CupyLib:
+class CupyLib(NumpyLib):
+    """CuPy arrays: NumPy's array protocol (permute, mirror) on device memory."""
+
     name = "cupy"
     device = True
 
@@ -148,13 +150,6 @@ class CupyLib:
         if arena is None:
             return self.xp.empty(tuple(shape), dt)
         return arena.device(_nbytes(shape, dt.itemsize), role).view(dt).reshape(tuple(shape))
-
-    def permute(self, array: Any, axes: Sequence[int]) -> Any:
-        return array.transpose(tuple(axes))
-
-    def mirror(self, array: Any, dims: Sequence[int]) -> Any:
-        index = tuple(slice(None, None, -1) if d in dims else slice(None) for d in range(array.ndim))
-        return array[index]
 
     def assign(self, target: Any, values: np.ndarray) -> None:
         target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
