@@ -238,10 +238,15 @@ class Communicator:
         ranked by ``key`` then by rank; None on ranks that pass ``color=None``. Every rank
         must call it (MPI ``Comm.Split``; ``ncclCommSplit`` for NCCL >= 2.18)."""
         self._usable()
-        if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
-            raise LayoutError(f"color must be a non-negative int or None, got {color!r}")
-        control = self._guard(self.control.split, color, int(key), self._deadline())
-        transport = self._guard(self.transport.split, color, int(key))
+        try:
+            if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
+                raise LayoutError(f"color must be a non-negative int or None, got {color!r}")
+            key = int(key)
+        except Exception as error:  # noqa: BLE001 - peers must not wait in the split forever
+            self._fail("split", error)
+        self._agree(Descriptor("split"))
+        control = self._guard(self.control.split, color, key, self._deadline())
+        transport = self._guard(self.transport.split, color, key)
         if transport is None or control is None:
             return None
         return Communicator(transport, control, check=self.check, timeout=self.timeout)
@@ -285,6 +290,7 @@ class Communicator:
     def _input(self, x: Any, *, writable: bool, dense_required: bool = True) -> Buffer:
         buffer = as_buffer(x)
         self._check_device(buffer, "input")
+        _check_resolved(buffer, "input")
         if dense_required and not buffer.layout.is_dense:
             raise LayoutError(_not_dense("input", buffer.layout))
         if writable and buffer.readonly:
@@ -297,6 +303,7 @@ class Communicator:
     def _output(self, out: Any, layout: Layout, name: str, *, forbid_overlap_with: Buffer, allow_alias: bool = True) -> Buffer:
         buffer = as_buffer(out)
         self._check_device(buffer, name)
+        _check_resolved(buffer, name)
         if buffer.layout.key != layout.key:
             raise LayoutError(
                 f"{name} has {buffer.layout.describe()} but must have the layout {layout.describe()} "
@@ -318,6 +325,7 @@ class Communicator:
     def _stacked_buffer(self, out: Any, block: Layout, name: str) -> Buffer:
         buffer = as_buffer(out)
         self._check_device(buffer, name)
+        _check_resolved(buffer, name)
         problem = stacked_problem(buffer.layout, self.size)
         if problem is None and block_of(buffer.layout).key != block.key:
             problem = f"its blocks {name}[r] have layout {block_of(buffer.layout).describe()}, not the input's {block.describe()}"
@@ -379,7 +387,12 @@ class Communicator:
     def _fail(self, collective: str, error: BaseException) -> None:
         """Take part in the agreement as invalid, so that every rank raises; then raise."""
         if self.check and self.size > 1:
-            self._guard(agree, self.control, Descriptor(collective), self._deadline(), error)
+            try:
+                agree(self.control, Descriptor(collective), self._deadline(), error)
+            except Exception as raised:
+                if raised is not error:  # the local error itself leaves the communicator usable
+                    self._note_failure(raised)
+                raise
         raise error
 
     def _guard(self, step: Any, *args: Any) -> Any:
@@ -408,6 +421,17 @@ class Communicator:
             return Work(self, pending, result, keep)
         self._wait(pending)
         return result
+
+
+def _check_resolved(buffer: Buffer, name: str) -> None:
+    """A torch view with the conjugate or negative bit reads its memory conjugated / negated:
+    its span does not hold its values, so it cannot take part (torch's own collectives refuse it)."""
+    if buffer.library == "torch" and (buffer.owner.is_conj() or buffer.owner.is_neg()):
+        fix = "x.resolve_conj()" if buffer.owner.is_conj() else "x.resolve_neg()"
+        raise LayoutError(
+            f"{name} is a torch view with the {'conjugate' if buffer.owner.is_conj() else 'negative'} bit set: its "
+            f"memory does not hold its values; pass {fix} (a copy) and copy the result back if you need it there"
+        )
 
 
 def _not_dense(name: str, layout: Layout) -> str:

@@ -275,3 +275,26 @@ def test_init_errors(monkeypatch, kwargs, env, fragment):
     with pytest.raises(denseccl.DenseCCLError) as info:
         denseccl.init(**kwargs)
     assert fragment in str(info.value)
+
+
+def test_torch_conjugated_and_negated_views_are_refused(comm):
+    """A torch view with the conjugate or negative bit set reads differently from its memory:
+    moving its raw span would give wrong values (conjugated / negated), so it is a local
+    LayoutError naming the fix, and nothing is written."""
+    x = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    out = torch.zeros(2, dtype=torch.complex64)
+    with pytest.raises(LayoutError, match="resolve_conj"):
+        comm.allgather(x.conj())
+    with pytest.raises(LayoutError, match="resolve_conj"):
+        comm.allreduce(x, out=out.conj())
+    assert out.tolist() == [0, 0]
+    negated = x.conj().imag  # a real tensor with the negative bit
+    assert negated.is_neg()
+    target = torch.zeros(2)
+    with pytest.raises(LayoutError, match="resolve_neg"):
+        comm.allreduce(negated, "max", out=target)
+    assert target.tolist() == [0, 0]
+    stacked = torch.zeros(1, 2, dtype=torch.complex64)
+    with pytest.raises(LayoutError, match="resolve_conj"):
+        comm.allgather(x, out=stacked.conj())
+    assert comm.allgather(x.conj().resolve_conj())[0].tolist() == x.conj().tolist()
