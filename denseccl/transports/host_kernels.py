@@ -224,6 +224,11 @@ def divide(view: np.ndarray, divisor: int, dtype: DType) -> None:
                 single /= np.float32(divisor)
                 _narrow(single, view[start:stop], dtype.name)
     elif dtype.kind in "iu":
+        if divisor > np.iinfo(view.dtype).max:  # NumPy refuses a divisor the dtype cannot hold
+            for start, stop in _chunks(view):
+                wide = view[start:stop].astype(np.int64)
+                view[start:stop] = np.sign(wide) * (np.abs(wide) // divisor)
+            return
         for start, stop in _chunks(view):
             chunk = view[start:stop]
             chunk -= np.fmod(chunk, divisor).astype(chunk.dtype, copy=False)

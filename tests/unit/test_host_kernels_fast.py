@@ -92,3 +92,13 @@ def test_torch_step_equals_numpy_step(name: str, kind: ReduceOp, monkeypatch: py
     else:
         nan = ((numpy_bits & 0x7FFF) > 0x7F80) & ((torch_bits & 0x7FFF) > 0x7F80)
     assert ((numpy_bits == torch_bits) | nan).all()
+
+
+@pytest.mark.parametrize("name, divisor", [("int8", 128), ("int8", 300), ("uint8", 256), ("int16", 40000)])
+def test_integer_average_over_more_ranks_than_the_dtype_holds(name: str, divisor: int) -> None:
+    """avg on int8 over >= 128 ranks: every |sum| <= 127 < ranks, so it truncates to 0 (no
+    OverflowError from NumPy for a divisor that does not fit the dtype)."""
+    info = np.iinfo(name)
+    view = np.array([info.min, info.max, -1 if info.min else 1, 0], name)
+    hk.divide(view, divisor, DTYPES[name])
+    assert view.tolist() == np.trunc(np.array([info.min, info.max, -1 if info.min else 1, 0]) / divisor).astype(int).tolist()
