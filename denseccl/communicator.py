@@ -53,8 +53,9 @@ class Work:
         return self._result
 
     def is_completed(self) -> bool:
-        """True once the collective has completed; never blocks."""
-        return self._pending.test()
+        """True once the collective has completed; never blocks. A failure seen while polling
+        (e.g. in the host step after the transfer) marks the communicator broken, as wait() does."""
+        return bool(self._communicator._guard(self._pending.test))
 
     @property
     def result(self) -> Any:

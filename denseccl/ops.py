@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from typing import Dict, NamedTuple, Union
 
 from .errors import LayoutError
@@ -59,8 +60,10 @@ def as_op(op: OpLike) -> Op:
     """Normalise a user's op to a :class:`ReduceOp` member or a :class:`PreMulSum`."""
     if isinstance(op, PreMulSum):
         factor = op.factor
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor):
+        if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or not math.isfinite(factor):
             raise LayoutError(f"PreMulSum factor must be a finite real number, got {factor!r}")
+        if type(factor) not in (int, float):  # NumPy scalars and the like, as plain Python numbers
+            return PreMulSum(int(factor) if isinstance(factor, numbers.Integral) else float(factor))
         return op
     if isinstance(op, ReduceOp):
         if op is ReduceOp.PREMUL_SUM:

@@ -298,3 +298,26 @@ def test_torch_conjugated_and_negated_views_are_refused(comm):
     with pytest.raises(LayoutError, match="resolve_conj"):
         comm.allgather(x, out=stacked.conj())
     assert comm.allgather(x.conj().resolve_conj())[0].tolist() == x.conj().tolist()
+
+
+def test_a_failure_seen_by_is_completed_breaks_the_communicator():
+    """is_completed() polls like wait(): a transport failure found there (here, in the host step
+    that runs once the transfer is done) marks the communicator broken instead of passing silently."""
+    from denseccl.communicator import Work
+    from denseccl.transports.base import Pending
+
+    class FailsOnPoll(Pending):
+        def test(self) -> bool:
+            raise RuntimeError("host step failed")
+
+        def wait(self, deadline):
+            self.test()
+
+    own = denseccl.init(backend="mpi", timeout=30)
+    x = np.zeros(3)
+    work = Work(own, FailsOnPoll(), x, None)
+    with pytest.raises(RuntimeError, match="host step failed"):
+        work.is_completed()
+    assert own.broken is not None and "transport failure" in own.broken
+    with pytest.raises(denseccl.CommunicatorBrokenError):
+        own.allreduce(x)

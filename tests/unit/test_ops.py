@@ -241,3 +241,19 @@ def test_host_view_is_a_writable_alias():
     view[0] = 99
     assert array[2] == 99
     assert hk.host_view(0, 0, DTYPES["bfloat16"]).dtype == np.uint16
+
+
+def test_premul_sum_accepts_numpy_scalars_as_plain_numbers():
+    import numpy as np
+
+    from denseccl.ops import PreMulSum, as_op
+
+    half = as_op(PreMulSum(np.float32(0.5)))
+    assert half == PreMulSum(0.5) and type(half.factor) is float
+    three = as_op(PreMulSum(np.int64(3)))
+    assert three == PreMulSum(3) and type(three.factor) is int
+    # the same op however the factor was spelled, so ranks agree
+    assert str(as_op(PreMulSum(np.float64(0.25)))) == str(as_op(PreMulSum(0.25)))
+    for bad in (np.bool_(True), True, float("nan"), "0.5", np.float32("inf")):
+        with pytest.raises(denseccl.LayoutError, match="finite real number"):
+            as_op(PreMulSum(bad))
