@@ -9,7 +9,6 @@ in float32, ``avg`` as a sum then a division, ``PreMulSum`` as a scaling of the 
 from __future__ import annotations
 
 import struct
-from functools import partial
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -83,19 +82,6 @@ class MPIPending(Pending):
 
     def wait(self, deadline: Optional[float]) -> None:
         wait_until(self.test, deadline, "MPI collective")
-
-
-def _at_address(call: Callable[[list], Any], nbytes: int, count: int, mpi_type: Any) -> Callable[[int], Callable[[], bool]]:
-    """``start(address) -> test`` for a bound call (Transport.in_place): the message for the
-    last address is kept, so a loop over the same array builds it once."""
-    last = [0, None]
-
-    def start(address: int) -> Callable[[], bool]:
-        if address != last[0]:
-            last[0], last[1] = address, [MPI.buffer.fromaddress(address, nbytes), count, mpi_type]
-        return call(last[1]).Test
-
-    return start
 
 
 class MPITransport(Transport):
@@ -183,18 +169,41 @@ class MPITransport(Transport):
         kind = None if op is None else op_kind(op)
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
             return super().in_place(collective, count, dtype, op, root)
-        nbytes, mpi_type = count * dtype.itemsize, _MPI_TYPES[dtype.name]
+        nbytes, mpi_type, IN_PLACE = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.IN_PLACE
+        last: list = [0, None]  # the message of the last address: a loop over one array builds it once
+
+        def message(address: int) -> list:
+            last[0], last[1] = address, [MPI.buffer.fromaddress(address, nbytes), count, mpi_type]
+            return last[1]
+
+        # One closure per call shape, each a direct method call: this is the per-call fast path.
         if collective == "allreduce":
-            call = partial(self.comm.Iallreduce, MPI.IN_PLACE, op=_mpi_op(kind, dtype))  # type: ignore[arg-type]
+            iallreduce, mpi_op = self.comm.Iallreduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
+
+            def start(address: int) -> Callable[[], bool]:
+                return iallreduce(IN_PLACE, last[1] if address == last[0] else message(address), mpi_op).Test
+
         elif collective == "reduce" and self.rank == root:
-            call = partial(self.comm.Ireduce, MPI.IN_PLACE, op=_mpi_op(kind, dtype), root=root)  # type: ignore[arg-type]
+            ireduce, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
+
+            def start(address: int) -> Callable[[], bool]:
+                return ireduce(IN_PLACE, last[1] if address == last[0] else message(address), mpi_op, root).Test
+
         elif collective == "reduce":
-            call = partial(self.comm.Ireduce, recvbuf=None, op=_mpi_op(kind, dtype), root=root)  # type: ignore[arg-type]
+            ireduce, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
+
+            def start(address: int) -> Callable[[], bool]:
+                return ireduce(last[1] if address == last[0] else message(address), None, mpi_op, root).Test
+
         elif collective == "broadcast":
-            call = partial(self.comm.Ibcast, root=root)
+            ibcast = self.comm.Ibcast
+
+            def start(address: int) -> Callable[[], bool]:
+                return ibcast(last[1] if address == last[0] else message(address), root).Test
+
         else:
             return super().in_place(collective, count, dtype, op, root)
-        return _at_address(call, nbytes, count, mpi_type)
+        return start
 
     def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
         part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
