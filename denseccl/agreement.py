@@ -2,16 +2,18 @@
 (collective, root, op, layout key of the input or per-rank block; the key carries dtype and
 shape).
 
-Cheap path: one host allreduce (max) of ``[digest, -digest, invalid]``, which tells every rank at
-once whether all digests are equal and nobody's input was invalid. Only on disagreement do the
-ranks exchange full descriptors, so that every rank raises the same, complete error.
+Cheap path: one step of the control channel (``all_equal``) tells every rank at once whether all
+digests are equal and nobody's input was invalid: a host allreduce (max) of ``[digest, -digest,
+invalid]``, or, when every rank shares one host, a shared-memory arrival board (board.py). Only
+on disagreement do the ranks exchange full descriptors, so that every rank raises the same,
+complete error.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
 from .layout import LayoutKey
@@ -69,9 +71,13 @@ def agree(
     ``value``: ``digest(descriptor)`` when the caller has it already (plans.py)."""
     if value is None:
         value = digest(descriptor)
-    highest, negated_lowest, any_invalid = control.allreduce_max([value, -value, int(invalid is not None)], deadline)
-    if highest == -negated_lowest and not any_invalid:
-        return
+    if not control.all_equal(value, invalid is not None, deadline):
+        disagree(control, descriptor, deadline, invalid)
+
+
+def disagree(control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None) -> NoReturn:
+    """The second step, taken by every rank once ``all_equal`` has said no: exchange the full
+    descriptors and raise the same report everywhere (``invalid`` itself on its own rank)."""
     mine = {"descriptor": list(descriptor), "invalid": _error_text(invalid)}
     payloads = control.allgather_bytes(json.dumps(mine).encode(), deadline)
     report = mismatch_report([json.loads(p) for p in payloads], control.rank)

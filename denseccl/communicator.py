@@ -19,7 +19,7 @@ from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLErr
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
 from .transports.base import DONE, ControlChannel, Pending, Transport
-from .plans import remember, replay
+from .plans import compile_plan, remember
 
 _ndarray = np.ndarray
 
@@ -95,11 +95,11 @@ class Communicator:
     def allreduce(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
-        if out is None and type(x) is _ndarray and type(op) is str and not async_op and stream is None:
+        if type(x) is _ndarray and out is None and stream is None and not async_op and type(op) is str:
             key = ("allreduce", x.shape, x.strides, x.dtype, op)
-            plan = self._plans.get(key)
-            if plan is not None and x.flags.writeable:
-                return replay(self, plan, x)
+            run = self._plans.get(key)
+            if run is not None and x.flags.writeable:
+                return run(x)
         self._usable()
         try:
             reduce_op = as_op(op)
@@ -115,7 +115,7 @@ class Communicator:
         pending = self._guard(self.transport.allreduce, source.span_pointer, target.span_pointer, count, DTYPES[source.layout.dtype], reduce_op, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
             transport, dtype = self.transport, DTYPES[source.layout.dtype]
-            remember(self._plans, key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
+            remember(self._plans, key, compile_plan(self, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op)))
         return self._complete(pending, target.owner, async_op, (source, target))
 
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
@@ -124,9 +124,9 @@ class Communicator:
         key = None
         if out is None and type(x) is _ndarray and type(op) is str and type(root) is int and not async_op and stream is None:
             key = ("reduce", x.shape, x.strides, x.dtype, op, root)
-            plan = self._plans.get(key)
-            if plan is not None and (self.rank != root or x.flags.writeable):
-                return replay(self, plan, x)
+            run = self._plans.get(key)
+            if run is not None and (self.rank != root or x.flags.writeable):
+                return run(x)
         self._usable()
         try:
             root = self._root(root)
@@ -147,7 +147,7 @@ class Communicator:
         pending = self._guard(self.transport.reduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
             transport = self.transport
-            remember(self._plans, key, descriptor, source, transport.in_place("reduce", count, dtype, reduce_op, root))
+            remember(self._plans, key, compile_plan(self, descriptor, source, transport.in_place("reduce", count, dtype, reduce_op, root)))
         return self._complete(pending, target.owner, async_op, (source, target))
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
@@ -155,9 +155,9 @@ class Communicator:
         key = None
         if type(x) is _ndarray and type(root) is int and not async_op and stream is None:
             key = ("broadcast", x.shape, x.strides, x.dtype, root)
-            plan = self._plans.get(key)
-            if plan is not None and (self.rank == root or x.flags.writeable):
-                return replay(self, plan, x)
+            run = self._plans.get(key)
+            if run is not None and (self.rank == root or x.flags.writeable):
+                return run(x)
         self._usable()
         try:
             root = self._root(root)
@@ -172,7 +172,7 @@ class Communicator:
         pending = self._guard(self.transport.broadcast, buffer.span_pointer, count, DTYPES[buffer.layout.dtype], root, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
             transport, dtype = self.transport, DTYPES[buffer.layout.dtype]
-            remember(self._plans, key, descriptor, buffer, transport.in_place("broadcast", count, dtype, None, root))
+            remember(self._plans, key, compile_plan(self, descriptor, buffer, transport.in_place("broadcast", count, dtype, None, root)))
         return self._complete(pending, buffer.owner, async_op, buffer)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:

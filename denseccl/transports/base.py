@@ -155,6 +155,12 @@ class ControlChannel(ABC):
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         """Every rank's ``data``, indexed by rank."""
 
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
+        """The agreement step: True on every rank when every rank passed the same ``value``
+        (a signed 64-bit integer) and none passed ``invalid``; False on every rank otherwise."""
+        highest, negated_lowest, any_invalid = self.allreduce_max([value, -value, int(invalid)], deadline)
+        return highest == -negated_lowest and not any_invalid
+
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["ControlChannel"]:
         """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
         None where ``color`` is None. Collective over all ranks."""

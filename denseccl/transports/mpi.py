@@ -17,6 +17,7 @@ from mpi4py import MPI
 from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
 from .base import ControlChannel, Pending, Transport, wait_until
+from .board import Board
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,
@@ -170,36 +171,46 @@ class MPITransport(Transport):
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
             return super().in_place(collective, count, dtype, op, root)
         nbytes, mpi_type, IN_PLACE = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.IN_PLACE
-        last: list = [0, None]  # the message of the last address: a loop over one array builds it once
-
-        def message(address: int) -> list:
-            last[0], last[1] = address, [MPI.buffer.fromaddress(address, nbytes), count, mpi_type]
-            return last[1]
+        fromaddress = MPI.buffer.fromaddress
+        # The message of the last address: a loop over one array builds it once.
+        last_address, last_message = 0, [fromaddress(0, 0), 0, mpi_type]
 
         # One closure per call shape, each a direct method call: this is the per-call fast path.
         if collective == "allreduce":
             iallreduce, mpi_op = self.comm.Iallreduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
 
             def start(address: int) -> Callable[[], bool]:
-                return iallreduce(IN_PLACE, last[1] if address == last[0] else message(address), mpi_op).Test
+                nonlocal last_address, last_message
+                if address != last_address:
+                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
+                return iallreduce(IN_PLACE, last_message, mpi_op).Test
 
         elif collective == "reduce" and self.rank == root:
             ireduce, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
 
             def start(address: int) -> Callable[[], bool]:
-                return ireduce(IN_PLACE, last[1] if address == last[0] else message(address), mpi_op, root).Test
+                nonlocal last_address, last_message
+                if address != last_address:
+                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
+                return ireduce(IN_PLACE, last_message, mpi_op, root).Test
 
         elif collective == "reduce":
             ireduce, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
 
             def start(address: int) -> Callable[[], bool]:
-                return ireduce(last[1] if address == last[0] else message(address), None, mpi_op, root).Test
+                nonlocal last_address, last_message
+                if address != last_address:
+                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
+                return ireduce(last_message, None, mpi_op, root).Test
 
         elif collective == "broadcast":
             ibcast = self.comm.Ibcast
 
             def start(address: int) -> Callable[[], bool]:
-                return ibcast(last[1] if address == last[0] else message(address), root).Test
+                nonlocal last_address, last_message
+                if address != last_address:
+                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
+                return ibcast(last_message, root).Test
 
         else:
             return super().in_place(collective, count, dtype, op, root)
@@ -215,9 +226,10 @@ class MPITransport(Transport):
 
 
 class MPIControl(ControlChannel):
-    """Agreement traffic on its own duplicate of the job's communicator."""
+    """Agreement traffic on its own duplicate of the job's communicator; the agreement step
+    itself through a shared-memory board when every rank shares this host (board.py)."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, crowded: Optional[bool] = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -225,18 +237,28 @@ class MPIControl(ControlChannel):
         # message, so that the per-call cost is a pack, the MPI call and an unpack.
         self._three = bytearray(24)
         self._three_message = [self._three, 3, MPI.INT64_T]
+        self._iallreduce = comm.Iallreduce
+        #: the shared-memory board, or None where the agreement takes the MPI allreduce
+        self.board: Optional[Board] = Board.open(comm, crowded) if self.size > 1 else None
+        #: more ranks on this host than cores (passed on to splits); None where unknown
+        self.crowded = self.board.crowded if self.board is not None else crowded
+        if self.board is not None:
+            self.all_equal = self.board.all_equal  # type: ignore[method-assign]
 
-    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
-        if len(values) == 3:
-            buffer, message = self._three, self._three_message
-            _THREE.pack_into(buffer, 0, *values)
-        else:
-            buffer = np.array(values, np.int64)
-            message = [buffer, len(values), MPI.INT64_T]
-        request = self.comm.Iallreduce(MPI.IN_PLACE, message, MPI.MAX)
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
+        buffer = self._three
+        _THREE.pack_into(buffer, 0, value, -value, 1 if invalid else 0)
+        request = self._iallreduce(MPI.IN_PLACE, self._three_message, MPI.MAX)
         if not request.Test():
             wait_until(request.Test, deadline, "the agreement step")
-        return _THREE.unpack_from(buffer) if buffer is self._three else buffer.tolist()
+        highest, negated_lowest, any_invalid = _THREE.unpack_from(buffer)
+        return highest == value and negated_lowest == -value and not any_invalid
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        buffer = np.array(values, np.int64)
+        request = self._iallreduce(MPI.IN_PLACE, [buffer, len(values), MPI.INT64_T], MPI.MAX)
+        wait_until(request.Test, deadline, "the agreement step")
+        return buffer.tolist()
 
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         lengths = np.zeros(self.size, np.int64)
@@ -254,8 +276,10 @@ class MPIControl(ControlChannel):
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["MPIControl"]:
         part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if part == MPI.COMM_NULL else MPIControl(part)
+        return None if part == MPI.COMM_NULL else MPIControl(part, self.crowded)
 
     def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()

@@ -1,0 +1,81 @@
+"""The shared-memory arrival board (denseccl/transports/board.py) in one process: ranks as
+threads over one shared page. Real ranks use it in tests/mpi/test_agreement_paths.py."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import threading
+import time
+
+import pytest
+
+from denseccl.errors import CollectiveTimeoutError
+from denseccl.transports import board as board_module
+from denseccl.transports.board import LINE, Board
+
+
+def boards(size: int) -> list:
+    page = mmap.mmap(-1, 2 * size * LINE * 8)
+    return [Board(page, rank, size) for rank in range(size)]
+
+
+def run_together(members: list, calls: list) -> list:
+    """calls[i][r] = (value, invalid) of rank r's i-th call; each rank's answers, by rank."""
+    answers = [[] for _ in members]
+
+    def rank_thread(rank: int) -> None:
+        for call in calls:
+            value, invalid = call[rank]
+            answers[rank].append(members[rank].all_equal(value, invalid, time.monotonic() + 30))
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,)) for rank in range(len(members))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return answers
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_every_rank_gets_the_same_answer(size: int) -> None:
+    calls = []
+    expected = []
+    for step in range(300):
+        values = [step * 7 - 1000] * size
+        invalid = [False] * size
+        kind = step % 4
+        if kind == 1:
+            values[step % size] += 1  # one rank differs
+        elif kind == 2:
+            invalid[(step // 4) % size] = True
+        elif kind == 3:
+            values = [-(2**63), 2**63 - 1] * size  # extremes, alternating by rank
+            values = values[:size]
+        calls.append(list(zip(values, invalid)))
+        expected.append(len(set(values)) == 1 and not any(invalid))
+    answers = run_together(boards(size), calls)
+    assert all(answer == expected for answer in answers)
+
+
+def test_a_peer_that_never_arrives_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(board_module, "SPINS", 100)  # read at construction
+    lonely = boards(2)[0]
+    started = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="agreement step did not complete"):
+        lonely.all_equal(5, False, time.monotonic() + 0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_close_is_local_and_idempotent() -> None:
+    member = boards(2)[1]
+    member.close()
+    member.close()
+
+
+@pytest.mark.parametrize("word, on", [("0", False), ("off", False), ("1", True), ("", True)])
+def test_environment_switch(monkeypatch: pytest.MonkeyPatch, word: str, on: bool) -> None:
+    monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", word)
+    host_can = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386") and os.path.isdir("/dev/shm")
+    assert board_module.usable_here() is (on and host_can)
