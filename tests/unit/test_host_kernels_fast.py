@@ -1,5 +1,5 @@
-"""The vectorised float16 conversions and torch-backed reduction step of host_kernels give
-exactly what NumPy's scalar casts (and the float32-per-step rule) give."""
+"""The vectorised float16 conversions, the compiled loops and the torch-backed reduction step of
+host_kernels give exactly what NumPy's scalar casts (and the float32-per-step rule) give."""
 
 from __future__ import annotations
 
@@ -69,29 +69,106 @@ def test_narrow_float16_random_bits() -> None:
     check_narrow(rng.integers(0, 1 << 32, 8192, dtype=np.uint64).astype(np.uint32).view(np.float32))
 
 
+def random_pairs(count: int, seed: int) -> "tuple[np.ndarray, np.ndarray]":
+    """Random bit patterns (every class: zeros, subnormals, normals, inf, NaN) plus the cases
+    that decide ties: x against itself, against -x, and against +-0."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 1 << 16, count, dtype=np.uint32).astype(np.uint16)
+    b = rng.integers(0, 1 << 16, count, dtype=np.uint32).astype(np.uint16)
+    a[::7] = b[::7] ^ 0x8000
+    a[1::7] = b[1::7]
+    a[2::7] &= 0x8000
+    everything = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every value against 1.5, 0 and -0
+    for partner in (0x3E00, 0x3FC0, 0x0000, 0x8000):
+        a = np.concatenate([a, everything])
+        b = np.concatenate([b, np.full(1 << 16, partner, np.uint16)])
+    return a, b
+
+
+def same_or_both_nan(name: str, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    if name == "float16":
+        nan = np.isnan(left.view(np.float16)) & np.isnan(right.view(np.float16))
+    else:
+        nan = ((left & 0x7FFF) > 0x7F80) & ((right & 0x7FFF) > 0x7F80)
+    return (left == right) | nan
+
+
+KERNEL_CHOICES = ["numpy", "native", "torch"]
+
+
+def skip_unless_available(kernels: str) -> None:
+    if kernels == "torch":
+        pytest.importorskip("torch")
+    if kernels == "native":
+        assert hk.native_available(), "denseccl._half_kernels was not built: reinstall with a C compiler (launch/setup)"
+
+
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("kind", [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX])
-def test_torch_step_equals_numpy_step(name: str, kind: ReduceOp, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
-    rng = np.random.default_rng(11)
-    a = rng.integers(0, 1 << 16, 50_000, dtype=np.uint32).astype(np.uint16)
-    b = rng.integers(0, 1 << 16, 50_000, dtype=np.uint32).astype(np.uint16)
+def test_fast_step_equals_numpy_step(kernels: str, name: str, kind: ReduceOp, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_unless_available(kernels)
+    a, b = random_pairs(200_003, seed=11)
     storage = hk.storage_dtype(DTYPES[name])
     step = hk.half_reduction(kind, DTYPES[name])
     results = []
-    for kernels in ("numpy", "auto"):
-        monkeypatch.setattr(hk, "KERNELS", kernels)
+    for choice in ("numpy", kernels):
+        monkeypatch.setattr(hk, "KERNELS", choice)
         result = b.copy().view(storage)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             step(memoryview(a.copy().view(storage)), memoryview(result), None)
         results.append(result.view(np.uint16))
-    numpy_bits, torch_bits = results
-    if name == "float16":
-        nan = np.isnan(numpy_bits.view(np.float16)) & np.isnan(torch_bits.view(np.float16))
-    else:
-        nan = ((numpy_bits & 0x7FFF) > 0x7F80) & ((torch_bits & 0x7FFF) > 0x7F80)
-    assert ((numpy_bits == torch_bits) | nan).all()
+    reference, fast = results
+    assert same_or_both_nan(name, reference, fast).all(), (a[~same_or_both_nan(name, reference, fast)][:5], b[~same_or_both_nan(name, reference, fast)][:5])
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("factor, divide", [(0.3, False), (1e-30, False), (7e4, False), (-2.5, False), (3, True), (7, True), (1000, True)])
+def test_native_scale_and_divide_equal_numpy(name: str, factor: float, divide: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_unless_available("native")
+    source, _ = random_pairs(100_001, seed=5)
+    dtype = DTYPES[name]
+    storage = hk.storage_dtype(dtype)
+    results = []
+    for choice in ("numpy", "native"):
+        monkeypatch.setattr(hk, "KERNELS", choice)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if divide:
+                view = source.copy().view(storage)
+                hk.divide(view, int(factor), dtype)
+                results.append(view.view(np.uint16))
+            else:
+                results.append(hk.scaled_copy(source.view(storage), factor, dtype).view(np.uint16))
+    assert same_or_both_nan(name, *results).all()
+
+
+def test_native_loops_ignore_flush_to_zero_modes() -> None:
+    """No float32 subnormal is ever an operand of the compiled loops, so results do not change
+    when torch sets flush-denormal (FTZ/DAZ), which the float-multiply conversions would break."""
+    torch = pytest.importorskip("torch")
+    skip_unless_available("native")
+    a, b = random_pairs(50_000, seed=2)
+    expected = b.copy()
+    hk._native.reduce(0, 0, hk._address(a), hk._address(expected), a.size)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-denormal mode")
+    try:
+        flushed = b.copy()
+        hk._native.reduce(0, 0, hk._address(a), hk._address(flushed), a.size)
+    finally:
+        torch.set_flush_denormal(False)
+    assert same_or_both_nan("float16", expected, flushed).all()
+
+
+def test_native_rejects_unknown_types() -> None:
+    skip_unless_available("native")
+    x = np.zeros(4, np.uint16)
+    with pytest.raises(ValueError, match="neither float16"):
+        hk._native.reduce(2, 0, hk._address(x), hk._address(x), 4)
+    with pytest.raises(ValueError, match="not 0..3"):
+        hk._native.reduce(0, 4, hk._address(x), hk._address(x), 4)
 
 
 @pytest.mark.parametrize("name, divisor", [("int8", 128), ("int8", 300), ("uint8", 256), ("int16", 40000)])
