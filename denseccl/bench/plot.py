@@ -35,7 +35,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> None:
         raise PlotUnavailable("nothing to plot: no row has a measurement")
     columns = min(len(panels), 3)
     lines = (len(panels) + columns - 1) // columns
-    figure, axes = plt.subplots(lines, columns, figsize=(6.4 * columns, 4.6 * lines), squeeze=False)
+    figure, axes = plt.subplots(lines, columns, figsize=(9.0 * columns, 4.6 * lines), squeeze=False)
     contenders = list(OrderedDict.fromkeys(row["contender"] for row in rows))
     colours = {name: f"C{i % 10}" for i, name in enumerate(contenders)}
     for ax, ((collective, dtype, op), panel) in zip(axes.flat, panels.items()):
@@ -53,10 +53,10 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, title: str) -> None:
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"{NCCL_TESTS_NAMES[collective]} {TYPE_NAMES.get(dtype, dtype)} {op or ''}".strip())
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the lines, not over them
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
