@@ -48,11 +48,11 @@ class Done(Pending):
 DONE = Done()
 
 
-def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str) -> None:
-    """Poll ``test`` until it is true: spin first (latency), then yield the core (ranks may
-    outnumber cores), then sleep briefly (a long wait for a slow peer should not burn a core).
-    Raise :class:`CollectiveTimeoutError` once ``deadline`` has passed."""
-    for _ in range(64):
+def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64) -> None:
+    """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
+    (ranks may outnumber cores), then sleep briefly (a long wait for a slow peer should not burn
+    a core). Raise :class:`CollectiveTimeoutError` once ``deadline`` has passed."""
+    for _ in range(spins):
         if test():
             return
     started = time.monotonic()

@@ -25,7 +25,7 @@ import platform
 import time
 from typing import Any, Optional
 
-from ..errors import CollectiveTimeoutError
+from .base import wait_until
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, padding)
 LINE = 8
@@ -125,26 +125,10 @@ class Board:
 
     def _wait(self, line: int, sequence: int, deadline: Optional[float]) -> None:
         words = self._words
-        for _ in range(self._spins):
+        for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
-        started = time.monotonic()
-        polls = 0
-        while words[line] != sequence:
-            polls += 1
-            if polls & 31:
-                os.sched_yield()
-                continue
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
-                raise CollectiveTimeoutError(
-                    "the agreement step did not complete within the timeout: a peer never joined (it may "
-                    "have crashed, be stuck, or have called a different sequence of collectives). The "
-                    "communicator is now broken; raise the timeout with denseccl.init(timeout=...) or "
-                    "DENSECCL_TIMEOUT if peers are just slow"
-                )
-            if now - started > 0.05:
-                time.sleep(0.0002)
+        wait_until(lambda: words[line] == sequence, deadline, "the agreement step", spins=0)
 
     def close(self) -> None:
         """Unmap the page (local: peers need not take part)."""
