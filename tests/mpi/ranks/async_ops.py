@@ -84,7 +84,41 @@ def main() -> None:
     check.check(x.tolist() == [sum(range(size))] * 3, "sync allreduce behind an async one")
     check.check(bool(np.all(w.wait() == size)), "the async one")
     check.check(comm.broken is None, f"broken: {comm.broken}")
+
+    dropped_works(comm, check)
     check.finish()
+
+
+def dropped_works(comm: "denseccl.Communicator", check: Checker) -> None:
+    """A Work dropped without wait() still completes: the communicator keeps it, with the
+    temporaries its request reads, until it has; close() completes it (the avg division
+    included). Rank 0 joins late, so the others' requests are in flight when they drop them."""
+    import gc
+
+    rank, size = comm.rank, comm.size
+    sub = comm.split(0, rank)  # a communicator to close while its Works are outstanding
+    n = 1 << 16
+    averaged = np.full(n, float(rank + 1))
+    scaled_input = np.full(n, float(rank + 1))
+    scaled_input.flags.writeable = False  # PreMulSum on a read-only input: scaled into a temporary
+    received = np.zeros(n)
+    if rank == 0:
+        time.sleep(0.3)
+    sub.allreduce(averaged, "avg", async_op=True)
+    work = sub.reduce(scaled_input if rank else received, 0, denseccl.PreMulSum(0.5), out=received, async_op=True)
+    del work
+    gc.collect()
+    litter = [np.full(n, -7.0) for _ in range(64)]  # reuse any memory the dropped Works freed
+    outstanding = len(sub._orphans)
+    check.check(rank == 0 or outstanding >= 1, f"dropped Works adopted by the communicator: {outstanding}")
+    sub.close()
+    del litter
+    expected = sum(range(1, size + 1)) / size
+    check.check(bool(np.all(averaged == expected)), f"dropped async avg after close(): {averaged[:3]}, expected {expected}")
+    if rank == 0:
+        total = 0.5 * sum(range(2, size + 1))  # rank 0 contributed zeros (received)
+        check.check(bool(np.all(received == total)), f"dropped PreMulSum reduce on the root: {received[:3]}, expected {total}")
+    check.check(not sub._orphans, "close() left dropped Works behind")
 
 
 if __name__ == "__main__":
