@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from . import arrays
 from .agreement import Descriptor, agree
@@ -20,63 +20,9 @@ from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
 from .transports.base import DONE, ControlChannel, Pending, Transport
 from .plans import compile_plan, remember
+from .work import Orphans, Work
 
 _ndarray = np.ndarray
-
-
-#: requests of broken communicators that may never complete, with the memory they may still touch
-_ABANDONED: List[Tuple[Any, Any]] = []
-
-
-class Work:
-    """A collective started with ``async_op=True``. ``wait()`` returns its result.
-
-    A Work dropped before it has completed is adopted by its communicator, with the buffers
-    its transfer uses, and completed there: by a later call on the communicator, or by
-    ``close()``. Its result (an average's division included) is then written as if it had
-    been waited for."""
-
-    __slots__ = ("_communicator", "_pending", "_result", "_keep", "_done")
-
-    def __init__(self, communicator: "Communicator", pending: Pending, result: Any, keep: Any) -> None:
-        self._communicator = communicator
-        self._pending = pending
-        self._result = result
-        self._keep = keep  # the buffers the transfer reads and writes
-        self._done = False
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        """Block until the collective has completed and return its result array.
-        ``timeout`` (seconds) defaults to the communicator's. On a device transport (NCCL)
-        this does not block the host: it makes the caller's current stream wait for the
-        collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
-        self._communicator._wait(self._pending, timeout)
-        self._done, self._keep = True, None
-        return self._result
-
-    def synchronize(self, timeout: Optional[float] = None) -> Any:
-        """Block the host until the collective has completed (on the device too) and return
-        its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
-        communicator's), which also aborts a device communicator."""
-        self._communicator._synchronize(self._pending, timeout)
-        self._done, self._keep = True, None
-        return self._result
-
-    def is_completed(self) -> bool:
-        """True once the collective has completed; never blocks. A failure seen while polling
-        (e.g. in the host step after the transfer) marks the communicator broken, as wait() does."""
-        if not self._done and self._communicator._guard(self._pending.test):
-            self._done = True
-        return self._done
-
-    @property
-    def result(self) -> Any:
-        """The result array (valid once the work has completed)."""
-        return self._result
-
-    def __del__(self) -> None:
-        if not self._done:  # nobody can wait for it any more: its communicator will
-            self._communicator._adopt(self._pending, (self._keep, self._result))
 
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:
@@ -101,8 +47,7 @@ class Communicator:
         self._broken: Optional[str] = None
         #: per-geometry plans of repeated synchronous in-place calls on NumPy arrays (plans.py)
         self._plans: dict = {}
-        #: (request, buffers) of Works dropped before they had completed, oldest first
-        self._orphans: List[Tuple[Pending, Any]] = []
+        self._orphans = Orphans(self)
 
     def __repr__(self) -> str:
         state = f", broken: {self._broken}" if self._broken else ""
@@ -284,7 +229,7 @@ class Communicator:
         release the transport and control channel. The communicator is unusable after."""
         if self._broken != "closed":
             try:
-                self._complete_orphans(self._deadline())
+                self._orphans.wait(self._deadline())
             finally:
                 self._broken = "closed"
                 self.transport.close()
@@ -441,41 +386,11 @@ class Communicator:
 
     def _complete(self, pending: Pending, result: Any, async_op: bool, keep: Any) -> Any:
         if self._orphans:
-            self._complete_orphans(None)
+            self._orphans.poll()
         if async_op:
             return Work(self, pending, result, keep)
         self._wait(pending)
         return result
-
-    def _adopt(self, pending: Pending, keep: Any) -> None:
-        """Keep a dropped Work's request and buffers until the request has completed."""
-        if self._broken is None:
-            self._orphans.append((pending, keep))
-        else:  # it may never complete: its memory must outlive any late access by the library
-            _ABANDONED.append((pending, keep))
-
-    def _complete_orphans(self, deadline: Optional[float]) -> None:
-        """Poll the adopted requests (``deadline`` None), or wait for them until ``deadline``.
-        Only this communicator holds them, so no other thread tests them meanwhile."""
-        orphans, self._orphans = self._orphans, []
-        try:
-            while orphans:
-                pending, _ = orphans[0]
-                if self._broken is not None:
-                    break
-                if deadline is None:
-                    if not self._guard(pending.test):
-                        break  # still running: a later call polls it again
-                else:
-                    self._guard(pending.wait, deadline)
-                orphans.pop(0)
-        except Exception:
-            if deadline is not None:
-                raise
-            # a poll's failure belongs to the dropped Work: _guard marked the communicator
-            # broken, and the next call says so
-        finally:
-            (self._orphans if self._broken is None else _ABANDONED).extend(orphans)
 
 
 def _check_resolved(buffer: Buffer, name: str) -> None:

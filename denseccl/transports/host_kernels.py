@@ -21,7 +21,7 @@ import ctypes
 import os
 import sys
 import threading
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -33,6 +33,7 @@ CHUNK = 1 << 15
 #: "auto", "native", "torch" or "numpy" (see the module docstring).
 KERNELS = os.environ.get("DENSECCL_HOST_KERNELS", "auto").strip().lower()
 
+_native: Any  # the compiled module, or None
 try:
     from .. import _half_kernels as _native
 except ImportError:  # built without a C compiler
@@ -53,6 +54,7 @@ def _use_native() -> bool:
 
 def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]  # type: ignore[no-any-return]
+
 
 _STORAGE: Dict[str, np.dtype] = {"bfloat16": np.dtype(np.uint16)}
 _HALVES = frozenset({"float16", "bfloat16"})

@@ -61,6 +61,7 @@ class NCCLTransport(Transport):
 
     name = "nccl"
     device_memory = True
+    device: int
 
     def __init__(
         self,

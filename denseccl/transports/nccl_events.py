@@ -172,8 +172,8 @@ class Watchdog:
                     True,
                 )
             error = self._async_error()
-        except Exception as error:  # noqa: BLE001 - a CUDA error while polling ends the communicator too
-            return f"checking NCCL work failed: {type(error).__name__}: {error}", False
+        except Exception as failure:  # noqa: BLE001 - a CUDA error while polling ends the communicator too
+            return f"checking NCCL work failed: {type(failure).__name__}: {failure}", False
         if error:
             return error, False
         return None
