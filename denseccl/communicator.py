@@ -147,16 +147,15 @@ class Communicator:
             stream = self._stream(source, stream)
             self._check_dtype(source)
             block = source.layout
-            target = None
             if out is not None:
                 target = self._stacked_buffer(out, block, "out")
                 self._check_stacked_overlap(source, target, allow_own_block=True)
+            else:  # before the agreement: a rank out of memory makes every rank raise
+                target = as_buffer(allocate(source, stacked(block, self.size)))
             descriptor = Descriptor("allgather", None, None, block.key)
         except Exception as error:  # noqa: BLE001
             self._fail("allgather", error)
         self._agree(descriptor)
-        if target is None:
-            target = as_buffer(allocate(source, stacked(block, self.size)))
         count = block.numel
         pending = self._guard(self.transport.allgather, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream) if count else DONE
         return self._complete(pending, target.owner, async_op, (source, target))
@@ -178,15 +177,14 @@ class Communicator:
                 )
             self._check_op(reduce_op, source)
             block = block_of(source.layout)
-            target = None
             if out is not None:
                 target = self._output(out, block, "out", forbid_overlap_with=source, allow_alias=False)
+            else:  # before the agreement: a rank out of memory makes every rank raise
+                target = as_buffer(allocate(source, block))
             descriptor = Descriptor("reduce_scatter", None, str(reduce_op), block.key)
         except Exception as error:  # noqa: BLE001
             self._fail("reduce_scatter", error)
         self._agree(descriptor)
-        if target is None:
-            target = as_buffer(allocate(source, block))
         count = block.numel
         pending = self._guard(self.transport.reduce_scatter, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream) if count else DONE
         return self._complete(pending, target.owner, async_op, (source, target))

@@ -121,8 +121,36 @@ def scenarios(size: int) -> List[Scenario]:
                  invalid="is not a stacked buffer"),
         Scenario("invalid byte order", allreduce_of(lambda r, d: c_array((3,), r, ">f4") if d else c_array((3,), r)),
                  invalid="byte order"),
+        # the output cannot be allocated on the deviants (out of memory): they still join the agreement
+        Scenario("allgather output allocation fails", _failing_allocation("allgather"),
+                 invalid="simulated: no memory for the output", local=MemoryError),
+        Scenario("reduce_scatter output allocation fails", _failing_allocation("reduce_scatter"),
+                 invalid="simulated: no memory for the output", local=MemoryError),
     ]
     return out
+
+
+def _failing_allocation(collective: str) -> Callable:
+    """Deviants run out of memory when denseccl allocates the result (the allocator is replaced
+    for that one call; MPI is real)."""
+    def call(comm, rank, deviant):
+        x = c_array((comm.size, 2), rank) if collective == "reduce_scatter" else c_array((2,), rank)
+
+        def thunk():
+            if not deviant:
+                return getattr(comm, collective)(x)
+            import denseccl.communicator as module
+
+            def refuse(*args, **kwargs):
+                raise MemoryError("simulated: no memory for the output")
+
+            real, module.allocate = module.allocate, refuse
+            try:
+                return getattr(comm, collective)(x)
+            finally:
+                module.allocate = real
+        return thunk, [x]
+    return call
 
 
 def _allgather_from_block(comm, rank, deviant):
