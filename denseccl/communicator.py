@@ -7,10 +7,11 @@ rank raises and nobody is left waiting; nothing is written before agreement succ
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
-from typing import Any, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 from . import arrays
 from .agreement import Descriptor, agree
@@ -345,6 +346,19 @@ class Communicator:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise LayoutError(f"root {root!r} is not a rank of this communicator (0 <= root < {self.size})")
         return int(root)
+
+    @contextlib.contextmanager
+    def _covered(self, descriptor: Descriptor) -> Iterator[None]:
+        """Agree once on ``descriptor`` for a composite call (torch's coalesced allreduce: one
+        descriptor for all its tensors); the collectives issued inside are covered by it and
+        skip their own agreement step. They run on buffers the caller built from the agreed
+        inputs, so they cannot disagree."""
+        self._agree(descriptor)
+        check, self.check = self.check, False
+        try:
+            yield
+        finally:
+            self.check = check
 
     def _agree(self, descriptor: Descriptor) -> None:
         if self.check and self.size > 1:

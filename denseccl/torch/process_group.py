@@ -170,7 +170,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
-        bucket of spans; the results are copied back run by run."""
+        bucket of spans, covered by that agreement; the results are copied back run by run."""
         opts = options(opts, _c10d.AllreduceCoalescedOptions)
         tensors = as_list(tensors)
         comm = self._communicator(tensors, "allreduce_coalesced")
@@ -182,9 +182,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                     if not is_dense(t):
                         raise LayoutError(not_dense_message(f"allreduce_coalesced tensor {i}", t))
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
-            comm._agree(descriptor)
-            packed = buckets.pack(tensors)
-            works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
+                packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
+            with comm._covered(descriptor):
+                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
 
             def finish() -> List[torch.Tensor]:
                 buckets.unpack(packed, tensors)
