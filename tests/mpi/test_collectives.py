@@ -161,6 +161,15 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
                 "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": [300, 250],
                 "order": [1, 0], "flips": [], "odd": [0, 0], "out_odd": [0, 0], "mode": "out", "async": False, "seed": next(seed),
             })
+    # large halves: the transport's reduce-scatter + allgather path (SPLIT_SHAPE is over its
+    # threshold; an element count that 3 and 4 ranks do not divide)
+    for lib, dtype in (("numpy", "float16"), ("torch", "bfloat16")):
+        for number, (op, mode) in enumerate((("sum", "inplace"), ("avg", "out"), ({"premul": 0.25}, "inplace"), ("max", "out"))):
+            out.append({
+                "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": list(SPLIT_SHAPE),
+                "order": [1, 0], "flips": [0] if lib == "numpy" else [], "odd": [0, 0], "out_odd": [0, 0], "mode": mode,
+                "async": number % 2 == 1, "seed": next(seed),
+            })
     # broadcast from every root
     for root in range(nranks):
         out.append({
@@ -169,6 +178,17 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
         })
     out.append(dict(out[-1], collective="barrier"))
     return out
+
+
+#: a float16/bfloat16 array of this shape is over the MPI transport's split threshold
+SPLIT_SHAPE = (1030, 517)
+
+
+def test_split_shape_takes_the_two_call_path():
+    from denseccl.transports.mpi import SPLIT_HALVES_BYTES
+
+    assert SPLIT_SHAPE[0] * SPLIT_SHAPE[1] * 2 >= SPLIT_HALVES_BYTES
+    assert all(SPLIT_SHAPE[0] * SPLIT_SHAPE[1] % n for n in (3, 4))
 
 
 def test_matrix_covers_everything():
