@@ -195,14 +195,17 @@ def as_buffer(x: Any) -> Buffer:
     interface = getattr(x, "__cuda_array_interface__", None)
     if interface is not None:
         return _interface_buffer(x, interface, _cuda_device_of_pointer(interface["data"][0]), "cuda_array_interface")
+    # Host memory known through a protocol: validated as NumPy's view of it; the object itself
+    # is the owner, so an in-place call returns it.
     interface = getattr(x, "__array_interface__", None)
     if interface is not None:
-        return _numpy_buffer(np.asarray(x))
+        return _numpy_buffer(np.asarray(x))._replace(owner=x)
     if hasattr(x, "__dlpack__"):
         try:
-            return _numpy_buffer(np.from_dlpack(x))
+            view = np.from_dlpack(x)
         except (BufferError, RuntimeError, TypeError) as error:
             raise LayoutError(f"{type(x).__name__} exposes DLPack but not as host memory NumPy can view: {error}") from None
+        return _numpy_buffer(view)._replace(owner=x)
     raise LayoutError(
         f"expected an array (NumPy, CuPy, torch, or an object with __cuda_array_interface__, "
         f"__array_interface__ or __dlpack__), got {type(x).__name__}"

@@ -81,6 +81,41 @@ def test_one_rank_async(comm):
     assert np.array_equal(gathered[0], x)
 
 
+class ExposesArrayInterface:
+    """A host array known only through ``__array_interface__`` (as from a C extension)."""
+
+    def __init__(self, array):
+        self.__array_interface__ = array.__array_interface__
+        self.keep = array
+
+
+def test_in_place_results_are_the_objects_passed(comm):
+    """In place means the call returns ``x`` itself, whatever kind of host array it is; the
+    values are those of the NumPy view of its memory."""
+    base = np.arange(6.0).reshape(2, 3).T
+    exposed = ExposesArrayInterface(base)
+    assert comm.allreduce(exposed, "max") is exposed
+    assert comm.broadcast(exposed, 0) is exposed
+    assert comm.reduce(exposed, 0) is exposed
+    out = ExposesArrayInterface(np.zeros((2, 3)).T)
+    assert comm.allreduce(base, out=out) is out and np.array_equal(out.keep, base)
+
+    class ExposesDLPack:
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, **kwargs):
+            return self.array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    dl = ExposesDLPack(np.arange(3.0))
+    assert comm.allreduce(dl) is dl
+    gathered = comm.allgather(exposed)  # a new result: a NumPy array in the block's layout
+    assert isinstance(gathered, np.ndarray) and np.array_equal(gathered[0], base)
+
+
 def test_out_may_alias_the_input_exactly(comm):
     x = np.arange(4.0)
     assert comm.allreduce(x, out=x) is x and x.tolist() == [0.0, 1.0, 2.0, 3.0]
