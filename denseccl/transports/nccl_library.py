@@ -10,7 +10,7 @@ raises :class:`NCCLError` with NCCL's own words. The transport needs it for PreM
 from __future__ import annotations
 
 import ctypes
-from typing import Any, ClassVar, Dict, List, NamedTuple, Optional
+from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import DenseCCLError
 
@@ -75,14 +75,15 @@ class NCCLLibrary:
     """The functions of :data:`FUNCTIONS`, bound once per library path (vLLM's pynccl
     pattern). Missing symbols (an old NCCL) are bound as None and raise when called."""
 
-    _bound: ClassVar[Dict[str, Dict[str, Any]]] = {}
+    #: first candidate asked for -> (the path that loaded, its bound functions)
+    _bound: ClassVar[Dict[str, Tuple[str, Dict[str, Any]]]] = {}
 
     def __init__(self, path: Optional[str] = None) -> None:
         # By soname first: the dynamic linker then returns the libnccl already loaded under that
         # name, which is the one CuPy's extension was linked against; else the mapped file.
         candidates = [path] if path else ["libnccl.so.2", loaded_nccl_path()]
-        self.path = next((c for c in candidates if c), "libnccl.so.2")
-        functions = self._bound.get(self.path)
+        asked = next((c for c in candidates if c), "libnccl.so.2")
+        self.path, functions = self._bound.get(asked, (asked, None))
         if functions is None:
             library, problem = None, None
             for candidate in filter(None, candidates):
@@ -101,7 +102,7 @@ class NCCLLibrary:
                     symbol.restype = function.restype
                     symbol.argtypes = function.argtypes
                 functions[function.name] = symbol
-            self._bound[self.path] = functions
+            self._bound[asked] = (self.path, functions)
         self._functions = functions
 
     def _function(self, name: str) -> Any:

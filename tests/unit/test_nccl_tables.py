@@ -216,3 +216,27 @@ def test_library_binding_without_a_gpu():
 def test_library_missing_path():
     with pytest.raises(Exception, match="cannot load"):
         nccl_library.NCCLLibrary("/nonexistent/libnccl.so.2")
+
+
+def test_library_bound_once_when_the_soname_does_not_load(monkeypatch):
+    """When ``libnccl.so.2`` does not load by soname but the mapped file does, the second
+    NCCLLibrary() finds the first's binding (and its real path) without loading again."""
+    real = _library()
+    real_path = nccl_library.loaded_nccl_path() or real.path
+    loads = []
+    cdll = nccl_library.ctypes.CDLL
+
+    def only_by_path(name, *args, **kwargs):
+        loads.append(name)
+        if name == "libnccl.so.2":
+            raise OSError("not on the loader's path")
+        return cdll(name, *args, **kwargs)
+
+    monkeypatch.setattr(nccl_library.ctypes, "CDLL", only_by_path)
+    monkeypatch.setattr(nccl_library, "loaded_nccl_path", lambda: real_path)
+    monkeypatch.setattr(nccl_library.NCCLLibrary, "_bound", {})
+    first = nccl_library.NCCLLibrary()
+    second = nccl_library.NCCLLibrary()
+    assert first.path == second.path == real_path
+    assert second._functions is first._functions
+    assert loads == ["libnccl.so.2", real_path]
