@@ -2,8 +2,8 @@
 pre-multiplication.
 
 Half types are reduced as NCCL does on the GPU: each pairwise step is computed in float32 and
-rounded to the storage type (round to nearest even). Three implementations compute exactly
-the same bits, chosen by ``DENSECCL_HOST_KERNELS``:
+rounded to the storage type (round to nearest even). Three implementations compute the same
+bits (a NaN stays a NaN, its payload may differ), chosen by ``DENSECCL_HOST_KERNELS``:
 
 - ``native``: the compiled loops of ``denseccl._half_kernels`` (built at install when a C
   compiler is present), in place, one vectorised pass, no temporary;
@@ -48,8 +48,9 @@ def native_available() -> bool:
     return _native is not None
 
 
-def _use_native() -> bool:
-    return _native is not None and KERNELS in ("auto", "native")
+def _use_native(*arrays: np.ndarray) -> bool:
+    """The compiled loops take addresses and counts: flat, contiguous arrays only."""
+    return _native is not None and KERNELS in ("auto", "native") and all(a.flags.c_contiguous for a in arrays)
 
 
 def _address(array: np.ndarray) -> int:
@@ -233,7 +234,7 @@ def _chunks(view: np.ndarray):  # type: ignore[no-untyped-def]
 
 def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DType) -> None:
     """``destination = source * factor`` in the dtype's arithmetic (may alias exactly)."""
-    if dtype.name in _HALVES and _use_native():
+    if dtype.name in _HALVES and _use_native(destination, source):
         _native.scale(_NATIVE_TYPES[dtype.name], 0, _address(source), _address(destination), source.size, factor)
     elif dtype.name in _HALVES:
         scratch = _scratch
@@ -250,7 +251,7 @@ def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DTy
 
 def divide(view: np.ndarray, divisor: int, dtype: DType) -> None:
     """``view /= divisor`` in place; integers truncate toward zero, as NCCL's average does."""
-    if dtype.name in _HALVES and _use_native():
+    if dtype.name in _HALVES and _use_native(view):
         _native.scale(_NATIVE_TYPES[dtype.name], 1, _address(view), _address(view), view.size, float(divisor))
     elif dtype.name in _HALVES:
         scratch = _scratch

@@ -189,3 +189,14 @@ def test_integer_average_over_more_ranks_than_the_dtype_holds(name: str, divisor
     view = np.array([info.min, info.max, -1 if info.min else 1, 0], name)
     hk.divide(view, divisor, DTYPES[name])
     assert view.tolist() == np.trunc(np.array([info.min, info.max, -1 if info.min else 1, 0]) / divisor).astype(int).tolist()
+
+
+def test_scale_of_strided_views_takes_the_numpy_loops() -> None:
+    """The compiled loops read addresses and counts; a strided view must not be fed to them."""
+    source = np.arange(40, dtype=np.float16)[::2]
+    destination = np.zeros(40, np.float16)[::2]
+    hk.scale(destination, source, 0.5, DTYPES["float16"])
+    assert destination.tolist() == (np.arange(40, dtype=np.float32)[::2] * 0.5).tolist()
+    view = np.arange(40, dtype=np.float16)[::-2]
+    hk.divide(view, 2, DTYPES["float16"])
+    assert view.tolist() == (np.arange(40, dtype=np.float32)[::-2] / 2).tolist()
