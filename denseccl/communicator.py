@@ -20,7 +20,7 @@ from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLErr
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
 from .transports.base import DONE, ControlChannel, Pending, Transport
-from .plans import compile_plan, remember
+from .plans import compile_plan, plain_torch, remember
 from .work import Orphans, Work
 
 _ndarray = np.ndarray
@@ -59,11 +59,17 @@ class Communicator:
     def allreduce(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
-        if type(x) is _ndarray and out is None and stream is None and not async_op and type(op) is str:
-            key = ("allreduce", x.shape, x.strides, x.dtype, op)
-            run = self._plans.get(key)
-            if run is not None and x.flags.writeable:
-                return run(x)
+        if out is None and stream is None and not async_op and type(op) is str:
+            if type(x) is _ndarray:
+                key = ("allreduce", x.shape, x.strides, x.dtype, op)
+                run = self._plans.get(key)
+                if run is not None and x.flags.writeable:
+                    return run(x)
+            elif plain_torch(x):
+                key = ("allreduce", "torch", x.shape, x.stride(), x.dtype, op)
+                run = self._plans.get(key)
+                if run is not None:
+                    return run(x)
         self._usable()
         try:
             reduce_op = as_op(op)
@@ -86,11 +92,17 @@ class Communicator:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
-        if out is None and type(x) is _ndarray and type(op) is str and type(root) is int and not async_op and stream is None:
-            key = ("reduce", x.shape, x.strides, x.dtype, op, root)
-            run = self._plans.get(key)
-            if run is not None and (self.rank != root or x.flags.writeable):
-                return run(x)
+        if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
+            if type(x) is _ndarray:
+                key = ("reduce", x.shape, x.strides, x.dtype, op, root)
+                run = self._plans.get(key)
+                if run is not None and (self.rank != root or x.flags.writeable):
+                    return run(x)
+            elif plain_torch(x):
+                key = ("reduce", "torch", x.shape, x.stride(), x.dtype, op, root)
+                run = self._plans.get(key)
+                if run is not None:
+                    return run(x)
         self._usable()
         try:
             root = self._root(root)
@@ -117,11 +129,17 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
         key = None
-        if type(x) is _ndarray and type(root) is int and not async_op and stream is None:
-            key = ("broadcast", x.shape, x.strides, x.dtype, root)
-            run = self._plans.get(key)
-            if run is not None and (self.rank == root or x.flags.writeable):
-                return run(x)
+        if type(root) is int and not async_op and stream is None:
+            if type(x) is _ndarray:
+                key = ("broadcast", x.shape, x.strides, x.dtype, root)
+                run = self._plans.get(key)
+                if run is not None and (self.rank == root or x.flags.writeable):
+                    return run(x)
+            elif plain_torch(x):
+                key = ("broadcast", "torch", x.shape, x.stride(), x.dtype, root)
+                run = self._plans.get(key)
+                if run is not None:
+                    return run(x)
         self._usable()
         try:
             root = self._root(root)

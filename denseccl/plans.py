@@ -1,7 +1,7 @@
 """Plans: the fast path for a call that repeats a geometry seen before.
 
-A synchronous, in-place call on a NumPy array validates the same way every time for the same
-(collective, shape, strides, dtype, op, root): the layout, the dense rule, the op-dtype checks
+A synchronous, in-place call on a NumPy array or a plain CPU torch tensor validates the same
+way every time for the same (collective, shape, strides, dtype, op, root): the layout, the dense rule, the op-dtype checks
 and the agreement descriptor are functions of those alone. The first such call runs the full
 path and leaves a plan (:func:`compile_plan`); later calls with the same key replay only what can change
 between calls (the data pointer, the writable flag, the communicator's state) and still run
@@ -11,6 +11,7 @@ Python on top of MPI.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Dict
 
 from .agreement import Descriptor, digest, disagree
@@ -32,6 +33,7 @@ def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Calla
     bound once. ``start(address)`` starts the collective on the span at ``address`` and returns
     its test; ``buffer`` is the first call's input."""
     offset = buffer.span_pointer - buffer.pointer  # from the data pointer to the span (<= 0)
+    pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
     value = digest(descriptor)
     control = comm.control
 
@@ -43,7 +45,7 @@ def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Calla
                 deadline = comm._deadline()
                 if not control.all_equal(value, False, deadline):
                     disagree(control, descriptor, deadline)
-            test = start(data_pointer(x) + offset)
+            test = start(pointer_of(x) + offset)
             for _ in range(SPINS):  # a small call is done before a deadline is worth computing
                 if test():
                     return x
@@ -54,6 +56,16 @@ def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Calla
         return x
 
     return run
+
+
+def plain_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor a plan can replay: exactly ``torch.Tensor`` (not a
+    subclass), on the CPU, strided, with neither the conjugate nor the negative bit set."""
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None and type(x) is torch.Tensor and x.is_cpu and x.layout is torch.strided
+        and not x.is_conj() and not x.is_neg()
+    )
 
 
 def remember(plans: Dict[Any, Run], key: Any, run: Run) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,12 @@ def reduce_op(op: Any) -> OpLike:
     if name is None:
         raise LayoutError(f"reduce op {kind} is not supported by the denseccl backend (use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM)")
     return name
+
+
+def synchronous_on_host(opts: Any, tensors: Sequence[torch.Tensor]) -> bool:
+    """A call torch makes synchronously (``async_op=False``) on CPU tensors: its collectives
+    then run synchronously too, so that a repeated geometry replays a plan (plans.py)."""
+    return not getattr(opts, "asyncOp", True) and all(t.device.type == "cpu" for t in tensors)
 
 
 def as_list(tensors: Any) -> List[torch.Tensor]:

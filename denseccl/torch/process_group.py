@@ -28,7 +28,7 @@ from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
 from . import buckets
-from ._arguments import as_list, cuda_context, options, reduce_op, timeout_seconds
+from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
 from ._issue import Issue, raising_everywhere, start_each
 from ._launch import host_problem, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
@@ -162,7 +162,13 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         comm = self._communicator(tensors, "allreduce")
         op = reduce_op(opts.reduceOp)
 
+        now = synchronous_on_host(opts, tensors)
+
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            if now:
+                for t in tensors:
+                    comm.allreduce(t, op)
+                return [], lambda: tensors
             works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])
             return works, lambda: tensors
 
@@ -201,7 +207,13 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         op = reduce_op(opts.reduceOp)
         root = opts.rootRank
 
+        now = synchronous_on_host(opts, tensors)
+
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            if now:
+                for t in tensors:
+                    comm.reduce(t, root, op)
+                return [], lambda: tensors
             works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])
             return works, lambda: tensors
 
@@ -213,7 +225,13 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         comm = self._communicator(tensors, "broadcast")
         root = opts.rootRank
 
+        now = synchronous_on_host(opts, tensors)
+
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
+            if now:
+                for t in tensors:
+                    comm.broadcast(t, root)
+                return [], lambda: tensors
             works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])
             return works, lambda: tensors
 

@@ -88,5 +88,42 @@ for _ in range(2):
     x[...] = rank + 1
     comm.allreduce(x)
     assert np.all(x == size * (size + 1) / 2)
+
+# plain CPU torch tensors replay plans too; a conjugated or negated view of the same geometry,
+# or a tensor subclass, takes the full path (and is refused or served by it)
+import torch  # noqa: E402
+
+torch_keys = {key for key in comm._plans if len(key) > 1 and key[1] == "torch"}
+for name, x in layouts():
+    t = torch.from_numpy(x) if name != "reversed" else torch.empty(2, 3, 4, 5)  # torch has no negative strides
+    for it in range(3):
+        t.copy_(torch.from_numpy(values(rank, tuple(t.shape), it)))
+        assert comm.allreduce(t, "sum") is t
+        assert torch.equal(t, torch.from_numpy(sum(values(r, tuple(t.shape), it) for r in range(size))).float()), (name, it)
+        for root in range(size):
+            t.copy_(torch.from_numpy(values(rank, tuple(t.shape), it)))
+            assert comm.reduce(t, root, "max") is t
+            want = np.maximum.reduce([values(r, tuple(t.shape), it) for r in range(size)]) if rank == root else values(rank, tuple(t.shape), it)
+            assert torch.equal(t, torch.from_numpy(want).float()), (name, "reduce", root, it)
+            t.copy_(torch.from_numpy(values(rank, tuple(t.shape), it)))
+            assert comm.broadcast(t, root) is t
+            assert torch.equal(t, torch.from_numpy(values(root, tuple(t.shape), it)).float()), (name, "broadcast", root, it)
+assert {key for key in comm._plans if len(key) > 1 and key[1] == "torch"} - torch_keys, "torch tensors left no plan"
+
+c = torch.zeros(3, 2, dtype=torch.complex64)
+comm.allreduce(c)  # plans this geometry
+comm.allreduce(c)
+try:
+    comm.allreduce(c.conj() if rank == 0 else c)
+except denseccl.LayoutError as error:
+    assert rank == 0 and "conjugate" in str(error)
+except denseccl.MismatchError:
+    assert rank != 0
+else:
+    raise AssertionError("a conjugated view after planning did not raise")
+p = torch.nn.Parameter(torch.full((3, 2), float(rank + 1)), requires_grad=False)
+for _ in range(2):
+    p.fill_(rank + 1)
+    assert comm.allreduce(p) is p and bool((p == size * (size + 1) / 2).all())
 comm.close()
 print(f"rank {rank}: plans OK", flush=True)
