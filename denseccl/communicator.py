@@ -20,7 +20,7 @@ from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLErr
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
 from .transports.base import DONE, ControlChannel, Pending, Transport
-from .plans import compile_plan, plain_torch, remember
+from .plans import compile_plan, lookup, remember, writable
 from .work import Orphans, Work
 
 _ndarray = np.ndarray
@@ -60,16 +60,9 @@ class Communicator:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
         if out is None and stream is None and not async_op and type(op) is str:
-            if type(x) is _ndarray:
-                key = ("allreduce", x.shape, x.strides, x.dtype, op)
-                run = self._plans.get(key)
-                if run is not None and x.flags.writeable:
-                    return run(x)
-            elif plain_torch(x):
-                key = ("allreduce", "torch", x.shape, x.stride(), x.dtype, op)
-                run = self._plans.get(key)
-                if run is not None:
-                    return run(x)
+            key, run = lookup(self._plans, "allreduce", x, op)
+            if run is not None and writable(x):
+                return run(x)
         self._usable()
         try:
             reduce_op = as_op(op)
@@ -93,16 +86,9 @@ class Communicator:
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
         if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
-            if type(x) is _ndarray:
-                key = ("reduce", x.shape, x.strides, x.dtype, op, root)
-                run = self._plans.get(key)
-                if run is not None and (self.rank != root or x.flags.writeable):
-                    return run(x)
-            elif plain_torch(x):
-                key = ("reduce", "torch", x.shape, x.stride(), x.dtype, op, root)
-                run = self._plans.get(key)
-                if run is not None:
-                    return run(x)
+            key, run = lookup(self._plans, "reduce", x, (op, root))
+            if run is not None and (self.rank != root or writable(x)):
+                return run(x)
         self._usable()
         try:
             root = self._root(root)
@@ -130,16 +116,9 @@ class Communicator:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
         key = None
         if type(root) is int and not async_op and stream is None:
-            if type(x) is _ndarray:
-                key = ("broadcast", x.shape, x.strides, x.dtype, root)
-                run = self._plans.get(key)
-                if run is not None and (self.rank == root or x.flags.writeable):
-                    return run(x)
-            elif plain_torch(x):
-                key = ("broadcast", "torch", x.shape, x.stride(), x.dtype, root)
-                run = self._plans.get(key)
-                if run is not None:
-                    return run(x)
+            key, run = lookup(self._plans, "broadcast", x, root)
+            if run is not None and (self.rank == root or writable(x)):
+                return run(x)
         self._usable()
         try:
             root = self._root(root)

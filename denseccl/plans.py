@@ -12,11 +12,15 @@ Python on top of MPI.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
 
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
 from .transports.base import wait_until
+
+_ndarray = np.ndarray
 
 #: Plans kept per communicator before the cache starts over.
 LIMIT = 512
@@ -56,6 +60,23 @@ def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Calla
         return x
 
     return run
+
+
+def lookup(plans: Dict[Any, Run], collective: str, x: Any, call: Any) -> Tuple[Optional[tuple], Optional[Run]]:
+    """The plan key of ``collective`` on ``x`` with the rest of the ``call`` (op, root), or None
+    for arrays that plans do not replay; and the plan already made for that key, if any."""
+    if type(x) is _ndarray:
+        key: tuple = (collective, x.shape, x.strides, x.dtype, call)
+    elif plain_torch(x):
+        key = (collective, "torch", x.shape, x.stride(), x.dtype, call)
+    else:
+        return None, None
+    return key, plans.get(key)
+
+
+def writable(x: Any) -> bool:
+    """A replay writes without revalidating: a NumPy array must still be writable."""
+    return type(x) is not _ndarray or bool(x.flags.writeable)
 
 
 def plain_torch(x: Any) -> bool:
