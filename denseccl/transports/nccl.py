@@ -26,15 +26,18 @@ import threading
 from typing import Any, Callable, Optional, Tuple
 
 from ..arrays import StreamRef, stream_pointer
-from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError
+from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from ..ops import DType, Op, PreMulSum, ReduceOp
 from .base import Pending, Transport
 from .nccl_events import CudaEvents, NCCLPending, Watchdog
 from .nccl_library import NCCLLibrary
 from .nccl_tables import (
     CARRIED_AS,
+    FP8_REDUCTION_CAPABILITY,
+    FP8_SINCE,
     INT32,
     NCCL_OPS,
+    UINT8,
     SPLIT_SINCE,
     builtin_op,
     check_op,
@@ -87,6 +90,10 @@ class NCCLTransport(Transport):
         self.dtypes = nccl_dtypes(version)
         self._reducible = reducible_dtypes(version)
         self.events = events if events is not None else CudaEvents(device)
+        self.compute_capability = self.events.compute_capability()
+        if self.compute_capability < FP8_REDUCTION_CAPABILITY:  # fp8 then only moves, as bytes
+            self._reducible = {name: code for name, code in self._reducible.items() if not name.startswith("float8")}
+            self.dtypes = {name: (UINT8 if name.startswith("float8") else code) for name, code in self.dtypes.items()}
         self._library = library
         self._premul: "collections.OrderedDict[Tuple[float, str], int]" = collections.OrderedDict()
         self._failure: Optional[Tuple[str, bool]] = None
@@ -117,13 +124,15 @@ class NCCLTransport(Transport):
             raise (CollectiveTimeoutError if timed_out else CommunicatorBrokenError)(reason)
 
     def async_error(self) -> Optional[str]:
-        """NCCL's asynchronous error of this communicator as text, or None."""
-        if self._failure is not None or self._closed:
-            return None
-        try:
-            self.comm.check_async_error()
-        except Exception as error:  # noqa: BLE001 - cupy raises NcclError
-            return f"NCCL reported an asynchronous error: {error}"
+        """NCCL's asynchronous error of this communicator as text, or None. Under the lock:
+        the watchdog's abort frees the communicator (ncclCommAbort) under it too."""
+        with self._lock:
+            if self._failure is not None or self._closed:
+                return None
+            try:
+                self.comm.check_async_error()
+            except Exception as error:  # noqa: BLE001 - cupy raises NcclError
+                return f"NCCL reported an asynchronous error: {error}"
         return None
 
     def abort(self, reason: str, timed_out: bool = False) -> None:
@@ -132,15 +141,22 @@ class NCCLTransport(Transport):
             if self._failure is not None:
                 return
             self._failure = (reason, timed_out)
-        self._watchdog.close()
+        self._watchdog.close()  # outside the lock: it may be the watchdog's own thread that aborts
         self._premul.clear()  # the ops die with the communicator
-        if not self._closed:
-            try:
-                self.comm.abort()
-            except Exception:  # noqa: BLE001 - aborting is the last resort; nothing more to do
-                pass
+        with self._lock:  # not while another thread asks the communicator for its async error
+            if not self._closed:
+                try:
+                    self.comm.abort()
+                except Exception:  # noqa: BLE001 - aborting is the last resort; nothing more to do
+                    pass
 
     def check_op(self, op: Op, dtype: DType) -> None:
+        if dtype.name.startswith("float8") and self.version >= FP8_SINCE and dtype.name not in self._reducible:
+            raise LayoutError(
+                f"dtype {dtype.name} cannot be reduced on this GPU: NCCL reduces fp8 on compute capability 9.0 "
+                f"(sm90) and newer only, and cuda:{self.device} is {self.compute_capability // 10}."
+                f"{self.compute_capability % 10}; broadcast and allgather move it, reductions need a wider dtype"
+            )
         check_op(op, dtype, self.version)
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -184,7 +200,7 @@ class NCCLTransport(Transport):
 
     def _elements(self, dtype: DType, count: int, *, reducing: bool) -> Tuple[int, int]:
         if reducing:
-            check_op(ReduceOp.SUM, dtype, self.version)
+            self.check_op(ReduceOp.SUM, dtype)
         return elements(dtype, count, self._reducible)
 
     # -- collectives ---------------------------------------------------------------------------

@@ -48,9 +48,9 @@ class CudaEvents:
 
     def record(self, stream: int) -> Any:
         """A new event recorded on ``stream`` (after the work enqueued there so far)."""
-        with self._on_device():
+        with self._on_device():  # stream 0 means the current device's legacy stream
             event = self._cupy.cuda.Event(block=False, disable_timing=True)
-        self._runtime.eventRecord(event.ptr, stream)
+            self._runtime.eventRecord(event.ptr, stream)
         return event
 
     def done(self, event: Any) -> bool:
@@ -63,13 +63,18 @@ class CudaEvents:
 
     def wait(self, stream: int, event: Any) -> None:
         """Make ``stream`` wait for ``event`` (no host synchronisation)."""
-        self._runtime.streamWaitEvent(stream, event.ptr, 0)
+        with self._on_device():
+            self._runtime.streamWaitEvent(stream, event.ptr, 0)
 
     def current(self, ref: StreamRef) -> int:
         return current_stream_pointer(ref.library, ref.device)
 
     def default_stream(self) -> StreamRef:
         return StreamRef(current_stream_pointer("cupy", self.device), "cupy", self.device)
+
+    def compute_capability(self) -> int:
+        """The device's compute capability as major * 10 + minor (90 for sm90)."""
+        return int(self._cupy.cuda.Device(self.device).compute_capability)
 
     def bind_thread(self) -> None:
         """Make this device current in the calling thread (the watchdog's)."""

@@ -41,6 +41,8 @@ BFLOAT16_SINCE = version_code(2, 10)
 PREMUL_SUM_SINCE = version_code(2, 11)
 SPLIT_SINCE = version_code(2, 18, 1)
 FP8_SINCE = version_code(2, 24)
+#: NCCL reduces fp8 only on GPUs of compute capability 9.0 (sm90) and newer
+FP8_REDUCTION_CAPABILITY = 90
 
 # -- tables --------------------------------------------------------------------------------------
 

@@ -61,6 +61,11 @@ class FakeEvents:
     def scratch(self, nbytes):
         return SimpleNamespace(ptr=0xBEEF)
 
+    def compute_capability(self):
+        return self.capability
+
+    capability = 90
+
 
 class FakeComm:
     def __init__(self, rank: int = 0, size: int = 2) -> None:
@@ -196,6 +201,32 @@ def test_reducing_a_dtype_without_nccl_type_is_refused():
     with pytest.raises(LayoutError, match="pairs of reals"):
         transport.check_op(ReduceOp.PRODUCT, C64)
     assert comm.calls == []
+
+
+@pytest.mark.parametrize("capability, reduces", [(80, False), (89, False), (90, True), (100, True)])
+def test_fp8_reductions_only_from_sm90(capability, reduces):
+    """NCCL >= 2.24 refuses fp8 reductions below sm90 (ncclInvalidArgument): refused before the
+    call there, with the reason; broadcast and allgather still move fp8, as bytes."""
+    FakeEvents.capability = capability
+    try:
+        transport, comm, _, _ = make(version=nccl_tables.version_code(2, 24))
+    finally:
+        FakeEvents.capability = 90
+    e4m3 = DTYPES["float8_e4m3fn"]
+    if reduces:
+        transport.allreduce(100, 100, 8, e4m3, ReduceOp.MAX, S)
+        assert comm.calls[-1] == ("allReduce", 100, 100, 8, 10, 2, 77)
+    else:
+        with pytest.raises(LayoutError, match=r"sm90.*cuda:0 is \d\.\d"):
+            transport.allreduce(100, 100, 8, e4m3, ReduceOp.MAX, S)
+        with pytest.raises(LayoutError, match="sm90"):
+            transport.check_op(ReduceOp.SUM, e4m3)
+        assert comm.calls == []
+    transport.broadcast(300, 5, e4m3, 0, S)
+    transport.allgather(100, 400, 6, e4m3, S)
+    code = 10 if reduces else 1  # ncclFloat8e4m3, or ncclUint8 bytes (one per element)
+    assert comm.calls[-2:] == [("broadcast", 300, 300, 5, code, 0, 77), ("allGather", 100, 400, 6, code, 77)]
+    assert transport.dtypes["float8_e4m3fn"] == code
 
 
 def test_stream_forms():
