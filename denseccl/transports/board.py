@@ -23,7 +23,7 @@ import mmap
 import os
 import platform
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .base import wait_until
 
@@ -59,6 +59,8 @@ class Board:
         self._mapping = mapping
         self._words = memoryview(mapping).cast("q")
         self._sequence = 0
+        #: drives the MPI library's progress while a wait lasts (Board.open sets an Iprobe)
+        self.progress: Optional[Callable[[], Any]] = None
         #: per call parity: (the start of my line, the starts of my peers' lines)
         self._lines = tuple(
             (base + rank * LINE, tuple(base + peer * LINE for peer in range(size) if peer != rank))
@@ -104,6 +106,7 @@ class Board:
             if board is not None:
                 board.close()
             return None
+        board.progress = comm.Iprobe  # any MPI call progresses every request of this process
         return board  # the first call uses the other parity's lines: the cookies may stay
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
@@ -128,7 +131,16 @@ class Board:
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
-        wait_until(lambda: words[line] == sequence, deadline, "the agreement step", spins=0)
+        progress = self.progress
+
+        def arrived() -> bool:
+            # MPI moves this rank's nonblocking transfers only inside MPI calls, and the peer
+            # may be waiting for one of them before it can get here
+            if progress is not None:
+                progress()
+            return words[line] == sequence
+
+        wait_until(arrived, deadline, "the agreement step", spins=0)
 
     def close(self) -> None:
         """Unmap the page (local: peers need not take part)."""

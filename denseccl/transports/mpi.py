@@ -4,17 +4,10 @@ Each method maps ``(pointer, count, dtype, op, root)`` to one ``MPI_I*`` call on
 of the span (mpi4py refuses non-contiguous buffers; a span is contiguous by construction).
 What MPI lacks is supplied around that call: float16/bfloat16 reductions as user ops computed
 in float32, ``avg`` as a sum then a division, ``PreMulSum`` as a scaling of the input first.
-
-One exception to "one call": a large float16/bfloat16 allreduce runs as a reduce-scatter then
-an allgather. MPICH reduces user-op types by recursive doubling, so every rank would send and
-reduce the whole array; split, each rank reduces ``1/size`` of it, as MPI's own algorithm does
-for built-in types.
 """
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import struct
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -55,8 +48,6 @@ _BASE_OPS = {
 _THREE = struct.Struct("=3q")
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
 _HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
-#: a float16/bfloat16 allreduce of at least this many bytes runs as reduce-scatter + allgather
-SPLIT_HALVES_BYTES = 1 << 20
 
 
 def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
@@ -75,22 +66,16 @@ def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
 class MPIPending(Pending):
     """An MPI request, plus what must run on the host once it has completed."""
 
-    __slots__ = ("request", "finish", "keep", "then")
+    __slots__ = ("request", "finish", "keep")
 
-    def __init__(self, request: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None,
-                 then: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(self, request: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None) -> None:
         self.request = request
         self.finish = finish
         self.keep = keep  # temporaries the request reads from
-        self.then = then  # starts a second request once the first has completed
 
     def test(self) -> bool:
         if not self.request.Test():
             return False
-        if self.then is not None:
-            then, self.then = self.then, None
-            self.request = then()
-            return self.test()
         finish, self.finish, self.keep = self.finish, None, None
         if finish is not None:
             finish()
@@ -137,35 +122,9 @@ class MPITransport(Transport):
             message, _ = self._prescale(send, recv, count, dtype, op)
         else:
             message = MPI.IN_PLACE if send == recv else self._message(send, count, dtype)
-        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
-        if self._split_halves(count, dtype):
-            return self._allreduce_in_two(message, recv, count, dtype, _mpi_op(kind, dtype), finish)
         request = self.comm.Iallreduce(message, receive, _mpi_op(kind, dtype))
+        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
         return MPIPending(request, finish)
-
-    def _split_halves(self, count: int, dtype: DType) -> bool:
-        return self.size > 1 and count * dtype.itemsize >= SPLIT_HALVES_BYTES and host_kernels.is_half(dtype)
-
-    def _allreduce_in_two(self, message: Any, recv: int, count: int, dtype: DType, mpi_op: Any,
-                          finish: Optional[Callable[[], None]]) -> Pending:
-        """Reduce-scatter into this rank's block of ``recv``, then allgather the blocks in place."""
-        rank, size, itemsize, mpi_type = self.rank, self.size, dtype.itemsize, _MPI_TYPES[dtype.name]
-        counts = [count // size + (1 if r < count % size else 0) for r in range(size)]
-        displacements = list(itertools.accumulate([0] + counts[:-1]))
-        block = recv + displacements[rank] * itemsize
-        block_bytes = counts[rank] * itemsize
-        fromaddress = MPI.buffer.fromaddress
-        if message is MPI.IN_PLACE:  # MPI promises this rank's reduced block at the start of recv only
-            first = self.comm.Ireduce_scatter(MPI.IN_PLACE, self._message(recv, count, dtype), counts, mpi_op)
-        else:
-            first = self.comm.Ireduce_scatter(message, [fromaddress(block, block_bytes), counts[rank], mpi_type], counts, mpi_op)
-
-        def gather() -> Any:
-            if message is MPI.IN_PLACE and rank:  # disjoint: counts never grow with the rank
-                ctypes.memmove(block, recv, block_bytes)
-            return self.comm.Iallgatherv(MPI.IN_PLACE, [fromaddress(recv, count * itemsize), counts, displacements, mpi_type])
-
-        return MPIPending(first, finish, message, then=gather)
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         kind = op_kind(op)
@@ -210,8 +169,6 @@ class MPITransport(Transport):
     def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Callable[[], bool]]:
         kind = None if op is None else op_kind(op)
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
-            return super().in_place(collective, count, dtype, op, root)
-        if collective == "allreduce" and self._split_halves(count, dtype):  # two calls: the general path
             return super().in_place(collective, count, dtype, op, root)
         nbytes, mpi_type, IN_PLACE = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.IN_PLACE
         fromaddress = MPI.buffer.fromaddress

@@ -161,8 +161,8 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
                 "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": [300, 250],
                 "order": [1, 0], "flips": [], "odd": [0, 0], "out_odd": [0, 0], "mode": "out", "async": False, "seed": next(seed),
             })
-    # large halves: the transport's reduce-scatter + allgather path (SPLIT_SHAPE is over its
-    # threshold; an element count that 3 and 4 ranks do not divide)
+    # large halves (over 1 MiB; an element count that 3 and 4 ranks do not divide): MPICH's
+    # algorithms for user ops on long messages
     for lib, dtype in (("numpy", "float16"), ("torch", "bfloat16")):
         for number, (op, mode) in enumerate((("sum", "inplace"), ("avg", "out"), ({"premul": 0.25}, "inplace"), ("max", "out"))):
             out.append({
@@ -180,15 +180,8 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
     return out
 
 
-#: a float16/bfloat16 array of this shape is over the MPI transport's split threshold
+#: a float16/bfloat16 array of this shape holds over 1 MiB in a count 3 and 4 do not divide
 SPLIT_SHAPE = (1030, 517)
-
-
-def test_split_shape_takes_the_two_call_path():
-    from denseccl.transports.mpi import SPLIT_HALVES_BYTES
-
-    assert SPLIT_SHAPE[0] * SPLIT_SHAPE[1] * 2 >= SPLIT_HALVES_BYTES
-    assert all(SPLIT_SHAPE[0] * SPLIT_SHAPE[1] % n for n in (3, 4))
 
 
 def test_matrix_covers_everything():

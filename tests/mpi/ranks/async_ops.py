@@ -86,7 +86,37 @@ def main() -> None:
     check.check(comm.broken is None, f"broken: {comm.broken}")
 
     dropped_works(comm, check)
+    waited_in_different_places(comm, check)
     check.finish()
+
+
+def waited_in_different_places(comm: "denseccl.Communicator", check: Checker) -> None:
+    """Legal MPI orders that wait for an outstanding Work at different points on different
+    ranks. Rank 0 waits for it (or polls it) first; the others first run the next collective,
+    whose agreement step must keep MPI progressing their share of the outstanding one. Half
+    types too: their reduction runs in denseccl's MPI user op."""
+    rank, size = comm.rank, comm.size
+    for dtype, n, poll in ((np.float32, 1 << 20, False), (np.float16, 1 << 20, True), (np.float32, 1024, True)):
+        big = np.full(n, rank + 1, dtype)
+        small = np.full(4, rank + 1, np.float32)
+        work = comm.allreduce(big, async_op=True)
+        try:
+            if rank == 0:
+                if poll:
+                    started = time.monotonic()
+                    while not work.is_completed() and time.monotonic() - started < 30:
+                        pass
+                work.wait()
+                comm.allreduce(small)
+            else:
+                comm.allreduce(small)
+                work.wait()
+        except denseccl.DenseCCLError as error:
+            check.fail(f"{np.dtype(dtype).name} x{n}, waited in different places: {type(error).__name__}: {error}")
+            return
+        total = size * (size + 1) / 2
+        check.check(bool(np.all(big == total)) and bool(np.all(small == total)),
+                    f"{np.dtype(dtype).name} x{n}, waited in different places: {big[:2]}, {small[:2]}")
 
 
 def dropped_works(comm: "denseccl.Communicator", check: Checker) -> None:

@@ -348,6 +348,29 @@ if rank in members:
     dist.broadcast(y, group_src=0, group=sub)
     check.equal("subgroup broadcast from group rank 0", y, values(78, members[0], (3, 5), F32))
 
+# -- DDP-like bursts: async bfloat16 all_reduces of 2 MiB, issued after compute of a different
+# length on each rank, completed by the progress thread; every result checked ----------------
+import random  # noqa: E402
+import time  # noqa: E402
+
+jitter = random.Random(rank)
+for iteration in range(30):
+    a = torch.full((1 << 20,), rank + 1.0, dtype=torch.bfloat16)
+    b = torch.full((1 << 20,), 10.0 * (rank + 1), dtype=torch.bfloat16)
+    first = dist.all_reduce(a, async_op=True)
+    until = time.perf_counter() + jitter.random() * 0.004
+    while time.perf_counter() < until:
+        pass
+    second = dist.all_reduce(b, async_op=True)
+    first.wait()
+    second.wait()
+    total = size * (size + 1) / 2
+    if not (bool((a == total).all()) and bool((b == 10 * total).all())):
+        check.true(f"async bfloat16 burst {iteration}: {a.unique().tolist()[:3]} {b.unique().tolist()[:3]}", False)
+        break
+else:
+    check.true("async bfloat16 bursts", True)
+
 dist.barrier()
 dist.barrier(async_op=True).wait()
 dist.destroy_process_group()
