@@ -166,7 +166,7 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
     for lib, dtype in (("numpy", "float16"), ("torch", "bfloat16")):
         for number, (op, mode) in enumerate((("sum", "inplace"), ("avg", "out"), ({"premul": 0.25}, "inplace"), ("max", "out"))):
             out.append({
-                "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": list(SPLIT_SHAPE),
+                "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": list(LARGE_HALF_SHAPE),
                 "order": [1, 0], "flips": [0] if lib == "numpy" else [], "odd": [0, 0], "out_odd": [0, 0], "mode": mode,
                 "async": number % 2 == 1, "seed": next(seed),
             })
@@ -181,7 +181,7 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
 
 
 #: a float16/bfloat16 array of this shape holds over 1 MiB in a count 3 and 4 do not divide
-SPLIT_SHAPE = (1030, 517)
+LARGE_HALF_SHAPE = (1030, 517)
 
 
 def test_matrix_covers_everything():
