@@ -74,11 +74,16 @@ class Communicator:
         except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
             self._fail("allreduce", error)
         self._agree(descriptor)
-        count = source.layout.numel
-        pending = self._guard(self.transport.allreduce, source.span_pointer, target.span_pointer, count, DTYPES[source.layout.dtype], reduce_op, stream) if count else DONE
-        if key is not None and count and not self.transport.device_memory:
-            transport, dtype = self.transport, DTYPES[source.layout.dtype]
-            remember(self._plans, key, compile_plan(self, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op)))
+        count, dtype, transport = source.layout.numel, DTYPES[source.layout.dtype], self.transport
+        if not count:
+            pending = DONE
+        elif async_op:
+            pending = self._guard(transport.allreduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
+        else:  # waited for here: the transport may split it into calls issued one after the other
+            self._guard(transport.allreduce_now, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream, self._deadline())
+            pending = DONE
+        if key is not None and count and not transport.device_memory:
+            self._plan(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
         return self._complete(pending, target.owner, async_op, (source, target))
 
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
@@ -108,8 +113,7 @@ class Communicator:
         dtype = DTYPES[source.layout.dtype]
         pending = self._guard(self.transport.reduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
-            transport = self.transport
-            remember(self._plans, key, compile_plan(self, descriptor, source, transport.in_place("reduce", count, dtype, reduce_op, root)))
+            self._plan(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
         return self._complete(pending, target.owner, async_op, (source, target))
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
@@ -132,8 +136,7 @@ class Communicator:
         count = buffer.layout.numel
         pending = self._guard(self.transport.broadcast, buffer.span_pointer, count, DTYPES[buffer.layout.dtype], root, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
-            transport, dtype = self.transport, DTYPES[buffer.layout.dtype]
-            remember(self._plans, key, compile_plan(self, descriptor, buffer, transport.in_place("broadcast", count, dtype, None, root)))
+            self._plan(key, descriptor, buffer, self.transport.in_place("broadcast", count, DTYPES[buffer.layout.dtype], None, root))
         return self._complete(pending, buffer.owner, async_op, buffer)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
@@ -392,6 +395,10 @@ class Communicator:
 
     def _synchronize(self, pending: Pending, timeout: Optional[float] = None) -> None:
         self._guard(pending.synchronize, self._deadline(timeout))
+
+    def _plan(self, key: Any, descriptor: Descriptor, buffer: Buffer, start: Any) -> None:
+        if start is not None:  # None: the transport wants the full path every time
+            remember(self._plans, key, compile_plan(self, descriptor, buffer, start))
 
     def _complete(self, pending: Pending, result: Any, async_op: bool, keep: Any) -> Any:
         if self._orphans:

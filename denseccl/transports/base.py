@@ -109,12 +109,19 @@ class Transport(ABC):
     @abstractmethod
     def barrier(self) -> Pending: ...
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Callable[[], bool]]:
+    def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any, deadline: Optional[float]) -> None:
+        """``allreduce`` for a caller that waits for it at once: returns complete, as
+        ``Pending.wait`` leaves it. Its calls are issued in program order, so a transport may
+        run it as several library calls one after the other."""
+        self.allreduce(send, recv, count, dtype, op, stream).wait(deadline)
+
+    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
         """For repeated calls (plans.py): a callable ``address -> test`` that starts the in-place
         ``collective`` ("allreduce", "reduce" or "broadcast") on the ``count`` elements at
         ``address``, exactly as the method of that name does with ``send == recv == address``,
-        and returns a non-blocking ``test()`` that is True once it has completed (Pending.test).
-        Transports may bind everything that does not depend on the address once."""
+        and returns a non-blocking ``test()`` that is True once it has completed (Pending.test);
+        None where such calls should take the full path each time. Transports may bind
+        everything that does not depend on the address once."""
         if collective == "allreduce":
             return lambda a: self.allreduce(a, a, count, dtype, op).test  # type: ignore[arg-type]
         if collective == "reduce":

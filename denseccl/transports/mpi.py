@@ -4,10 +4,19 @@ Each method maps ``(pointer, count, dtype, op, root)`` to one ``MPI_I*`` call on
 of the span (mpi4py refuses non-contiguous buffers; a span is contiguous by construction).
 What MPI lacks is supplied around that call: float16/bfloat16 reductions as user ops computed
 in float32, ``avg`` as a sum then a division, ``PreMulSum`` as a scaling of the input first.
+
+One exception to "one call": a large float16/bfloat16 allreduce that the caller waits for at
+once (``allreduce_now``) runs as a reduce-scatter, then an allgather. MPICH reduces user-op
+types by recursive doubling, so every rank would send and reduce the whole array; split, each
+rank reduces ``1/size`` of it, as MPI's own algorithm does for built-in types. Only then: the
+second call must be issued at the same point of every rank's sequence of calls, which a
+caller that waits later (polling, a progress thread) cannot promise.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import struct
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -48,6 +57,11 @@ _BASE_OPS = {
 _THREE = struct.Struct("=3q")
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
 _HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
+#: a float16/bfloat16 allreduce of at least this many bytes that is waited for at once runs as
+#: reduce-scatter + allgather
+SPLIT_HALVES_BYTES = 1 << 20
+#: requests given up on (a timeout) with the memory they may still touch: MPI cannot cancel them
+_ABANDONED: list = []
 
 
 def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
@@ -126,6 +140,44 @@ class MPITransport(Transport):
         finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
         return MPIPending(request, finish)
 
+    def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any, deadline: Optional[float]) -> None:
+        if not self._split_halves(count, dtype):
+            self.allreduce(send, recv, count, dtype, op, stream).wait(deadline)
+            return
+        kind = op_kind(op)
+        if isinstance(op, PreMulSum):
+            message, _ = self._prescale(send, recv, count, dtype, op)
+        else:
+            message = MPI.IN_PLACE if send == recv else self._message(send, count, dtype)
+        rank, size, itemsize, mpi_type = self.rank, self.size, dtype.itemsize, _MPI_TYPES[dtype.name]
+        counts = [count // size + (1 if r < count % size else 0) for r in range(size)]
+        displacements = list(itertools.accumulate([0] + counts[:-1]))
+        block = recv + displacements[rank] * itemsize
+        block_bytes = counts[rank] * itemsize
+        fromaddress, mpi_op = MPI.buffer.fromaddress, _mpi_op(kind, dtype)
+        if message is MPI.IN_PLACE:  # MPI promises this rank's reduced block at the start of recv only
+            request = self.comm.Ireduce_scatter(MPI.IN_PLACE, self._message(recv, count, dtype), counts, mpi_op)
+        else:
+            request = self.comm.Ireduce_scatter(message, [fromaddress(block, block_bytes), counts[rank], mpi_type], counts, mpi_op)
+        self._wait_for(request, message, deadline)
+        if message is MPI.IN_PLACE and rank:  # disjoint: counts never grow with the rank
+            ctypes.memmove(block, recv, block_bytes)
+        whole = [fromaddress(recv, count * itemsize), counts, displacements, mpi_type]
+        self._wait_for(self.comm.Iallgatherv(MPI.IN_PLACE, whole), whole, deadline)
+        if kind is ReduceOp.AVG:
+            self._finish_average(recv, count, dtype)()
+
+    def _split_halves(self, count: int, dtype: DType) -> bool:
+        return self.size > 1 and count * dtype.itemsize >= SPLIT_HALVES_BYTES and host_kernels.is_half(dtype)
+
+    @staticmethod
+    def _wait_for(request: Any, keep: Any, deadline: Optional[float]) -> None:
+        try:
+            wait_until(request.Test, deadline, "MPI collective")
+        except BaseException:
+            _ABANDONED.append((request, keep))  # freeing an active request is erroneous in MPI
+            raise
+
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         kind = op_kind(op)
         on_root = self.rank == root
@@ -166,10 +218,12 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Callable[[int], Callable[[], bool]]:
+    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
         kind = None if op is None else op_kind(op)
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
             return super().in_place(collective, count, dtype, op, root)
+        if collective == "allreduce" and self._split_halves(count, dtype):  # allreduce_now each time
+            return None
         nbytes, mpi_type, IN_PLACE = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.IN_PLACE
         fromaddress = MPI.buffer.fromaddress
         # The message of the last address: a loop over one array builds it once.

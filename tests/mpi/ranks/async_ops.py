@@ -87,7 +87,48 @@ def main() -> None:
 
     dropped_works(comm, check)
     waited_in_different_places(comm, check)
+    split_between_async_calls(comm, check)
     check.finish()
+
+
+def split_between_async_calls(comm: "denseccl.Communicator", check: Checker) -> None:
+    """A synchronous float16 allreduce over the split threshold runs as reduce-scatter then
+    allgather, issued in program order, while an async one issued before it is polled on some
+    ranks only, at moments that differ per rank."""
+    import random
+
+    from denseccl.transports import mpi as mpi_transport
+
+    rank, size = comm.rank, comm.size
+    jitter = random.Random(rank)
+    splits = []
+    real = mpi_transport.MPITransport._split_halves
+
+    def counted(self, count, dtype):  # type: ignore[no-untyped-def]
+        split = real(self, count, dtype)
+        splits.append(split)
+        return split
+
+    mpi_transport.MPITransport._split_halves = counted
+    total = size * (size + 1) / 2
+    try:
+        for iteration in range(20):
+            a = np.full(1 << 20, rank + 1, np.float16)
+            b = np.full((1 << 19) + 3, 10 * (rank + 1), np.float16)
+            work = comm.allreduce(a, async_op=True)
+            if jitter.random() < 0.5:
+                until = time.monotonic() + jitter.random() * 0.003
+                while time.monotonic() < until:
+                    work.is_completed()
+            comm.allreduce(b, "avg" if iteration % 2 else "sum")
+            work.wait()
+            want_b = 10 * total / size if iteration % 2 else 10 * total
+            if not (np.all(a == total) and np.all(b == np.float16(want_b))):
+                check.fail(f"split between async calls, iteration {iteration}: {a[:2]} {b[:2]} (want {total}, {want_b})")
+                break
+    finally:
+        mpi_transport.MPITransport._split_halves = real
+    check.check(any(splits), "the synchronous float16 allreduce never took the split path")
 
 
 def waited_in_different_places(comm: "denseccl.Communicator", check: Checker) -> None:
