@@ -87,8 +87,7 @@ def main() -> None:
             check.check(0.45 <= elapsed <= 4, f"Work.wait(timeout=0.5) gave up after {elapsed:.2f} s")
             check.check(lonely.broken is not None, "communicator not broken after Work.wait timed out")
 
-    final.barrier()
-    check.finish(hard_exit=True)
+    check.finish(hard_exit=True, before_exit=final.barrier)
 
 
 if __name__ == "__main__":

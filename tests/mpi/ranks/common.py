@@ -45,13 +45,22 @@ class Checker:
         self.checks += 1
         self.failures.append(message)
 
-    def finish(self, hard_exit: bool = False) -> None:
+    def report(self) -> int:
+        """Print this rank's summary line (and its failures); the exit status it calls for."""
         status = "OK" if not self.failures else f"FAILED {len(self.failures)}"
         lines = [f"[{self.name}] rank {self.rank}/{self.size}: {status} ({self.checks} checks)"]
         lines += [f"  rank {self.rank}: {failure}" for failure in self.failures[:30]]
         print("\n".join(lines), flush=True)
         sys.stderr.flush()
-        code = 1 if self.failures else 0
+        return 1 if self.failures else 0
+
+    def finish(self, hard_exit: bool = False, before_exit=None) -> None:  # type: ignore[no-untyped-def]
+        """Report, run ``before_exit`` (e.g. a final barrier), then exit. With ``hard_exit``
+        the summary is out before any rank leaves: a rank leaving through ``os._exit`` may make
+        mpiexec kill its peers at once."""
+        code = self.report()
+        if before_exit is not None:
+            before_exit()
         if hard_exit:  # skip MPI_Finalize: peers may have abandoned requests (timeout tests)
             os._exit(code)
         sys.exit(code)

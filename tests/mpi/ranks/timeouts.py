@@ -82,8 +82,7 @@ def main() -> None:
     if rank == skipper:
         check.check(comm_a.broken is None and comm_b.broken is None and comm_c.broken is None, "skipper's comms broken")
 
-    final.barrier()  # wait for everyone before leaving
-    check.finish(hard_exit=True)
+    check.finish(hard_exit=True, before_exit=final.barrier)  # everyone reports, then waits for all before leaving
 
 
 if __name__ == "__main__":
