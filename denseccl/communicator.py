@@ -21,7 +21,7 @@ from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
 from .transports.base import DONE, ControlChannel, Pending, Transport
 from .plans import compile_plan, lookup, remember, writable
-from .work import Orphans, Work
+from .work import _ABANDONED, Orphans, Work
 
 _ndarray = np.ndarray
 
@@ -405,7 +405,11 @@ class Communicator:
             self._orphans.poll()
         if async_op:
             return Work(self, pending, result, keep)
-        self._wait(pending)
+        try:
+            self._wait(pending)
+        except BaseException:
+            _ABANDONED.append((pending, keep))  # a timed-out request may still touch them
+            raise
         return result
 
 

@@ -142,7 +142,12 @@ class MPITransport(Transport):
 
     def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any, deadline: Optional[float]) -> None:
         if not self._split_halves(count, dtype):
-            self.allreduce(send, recv, count, dtype, op, stream).wait(deadline)
+            pending = self.allreduce(send, recv, count, dtype, op, stream)
+            try:
+                pending.wait(deadline)
+            except BaseException:
+                _ABANDONED.append(pending)  # its request may still be active: it must not be freed
+                raise
             return
         kind = op_kind(op)
         if isinstance(op, PreMulSum):
