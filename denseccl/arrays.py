@@ -9,7 +9,7 @@ byte strides that are not a multiple of the itemsize are refused.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Tuple
 
 import numpy as np
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-
-import numpy as np
 from typing import Any, Iterator, Optional, Tuple
 
 from . import arrays
@@ -19,12 +17,9 @@ from .arrays import HOST, Buffer, allocate, as_buffer
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
-from .transports.base import DONE, ControlChannel, Pending, Transport
+from .transports.base import DONE, ControlChannel, Pending, Transport, abandon
 from .plans import compile_plan, lookup, remember, writable
-from .work import _ABANDONED, Orphans, Work
-
-_ndarray = np.ndarray
-
+from .work import Orphans, Work
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:
     return buffer.span_pointer, buffer.layout.numel * buffer.layout.itemsize
@@ -408,7 +403,7 @@ class Communicator:
         try:
             self._wait(pending)
         except BaseException:
-            _ABANDONED.append((pending, keep))  # a timed-out request may still touch them
+            abandon(pending, keep)  # a timed-out request may still touch them
             raise
         return result
 

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from .transports.base import Pending
+from .transports.base import Pending, abandon
 
 if TYPE_CHECKING:
     from .communicator import Communicator
-
-#: requests of broken communicators that may never complete, with the memory they may still touch
-_ABANDONED: List[Tuple[Any, Any]] = []
-
 
 class Work:
     """A collective started with ``async_op=True``. ``wait()`` returns its result.
@@ -81,7 +77,7 @@ class Orphans:
         if self._communicator._broken is None:
             self._entries.append((pending, keep))
         else:  # it may never complete: its memory must outlive any late access by the library
-            _ABANDONED.append((pending, keep))
+            abandon(pending, keep)
 
     def poll(self) -> None:
         """Complete the requests that have finished, without blocking. A failure belongs to
@@ -109,4 +105,7 @@ class Orphans:
                     communicator._guard(pending.wait, deadline)
                 entries.pop(0)
         finally:
-            (self._entries if communicator._broken is None else _ABANDONED).extend(entries)
+            if communicator._broken is None:
+                self._entries.extend(entries)
+            else:
+                abandon(entries)

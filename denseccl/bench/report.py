@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 from collections import OrderedDict
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 from .conventions import NCCL_TESTS_NAMES, TYPE_NAMES
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from ..transports.base import wait_until
+from ..transports.base import abandon, wait_until
 
 
 class Step:
@@ -188,7 +188,7 @@ class Progress:
                     for operation in self._inflight:
                         if not operation.done:
                             operation.done = True
-                            _ABANDONED.append(operation.steps)
+                            abandon(operation.steps)
                             operation.future.set_exception(RuntimeError(f"{self.name}: shut down with {operation.name} in flight"))
                     self._inflight = []
                 return
@@ -212,8 +212,6 @@ def _poll_seconds(default: float) -> float:
 
 
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
-#: Steps of operations that never completed: their buffers must outlive any MPI progress.
-_ABANDONED: List[Any] = []
 _EXIT_HOOK: List[bool] = []
 
 

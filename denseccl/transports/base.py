@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from ..ops import DType, Op
@@ -46,6 +46,16 @@ class Done(Pending):
 
 
 DONE = Done()
+
+
+#: requests given up on (a timeout, a broken communicator, a shutdown) with the memory they may
+#: still touch: MPI cannot cancel them, and freeing an active request is erroneous
+_ABANDONED: List[Any] = []
+
+
+def abandon(*things: Any) -> None:
+    """Keep ``things`` (requests, buffers) alive for the rest of the process."""
+    _ABANDONED.append(things)
 
 
 def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64) -> None:

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
-from .base import ControlChannel, Pending, Transport, wait_until
+from .base import ControlChannel, Pending, Transport, abandon, wait_until
 from .board import Board
 
 _MPI_TYPES: Dict[str, Any] = {
@@ -60,8 +60,6 @@ _HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
 #: a float16/bfloat16 allreduce of at least this many bytes that is waited for at once runs as
 #: reduce-scatter + allgather
 SPLIT_HALVES_BYTES = 1 << 20
-#: requests given up on (a timeout) with the memory they may still touch: MPI cannot cancel them
-_ABANDONED: list = []
 
 
 def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
@@ -146,7 +144,7 @@ class MPITransport(Transport):
             try:
                 pending.wait(deadline)
             except BaseException:
-                _ABANDONED.append(pending)  # its request may still be active: it must not be freed
+                abandon(pending)  # its request may still be active: it must not be freed
                 raise
             return
         kind = op_kind(op)
@@ -180,7 +178,7 @@ class MPITransport(Transport):
         try:
             wait_until(request.Test, deadline, "MPI collective")
         except BaseException:
-            _ABANDONED.append((request, keep))  # freeing an active request is erroneous in MPI
+            abandon(request, keep)
             raise
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:

@@ -110,6 +110,21 @@ for name, x in layouts():
             assert torch.equal(t, torch.from_numpy(values(root, tuple(t.shape), it)).float()), (name, "broadcast", root, it)
 assert {key for key in comm._plans if len(key) > 1 and key[1] == "torch"} - torch_keys, "torch tensors left no plan"
 
+# torch replays of the layout corner cases: 0-d, odd strides on size-1 dims (two tensors of one
+# layout key with different strides there), empty
+weight = torch.empty(4, 3, 1, 1)
+odd = torch.empty_strided((4, 3, 1, 1), (3, 1, 7, 5))
+for t in (torch.empty(()), weight, odd, torch.empty(0, 3)):
+    for it in range(3):
+        t.fill_(rank + 1 + it)
+        assert comm.allreduce(t) is t
+        assert bool((t == sum(r + 1 + it for r in range(size))).all()), (tuple(t.shape), t.stride(), it)
+mixed = weight if rank % 2 else odd  # size-1 strides differ across ranks: the same layout
+for it in range(3):
+    mixed.fill_(rank + it)
+    comm.allreduce(mixed)
+    assert bool((mixed == sum(r + it for r in range(size))).all()), ("mixed size-1 strides", it)
+
 c = torch.zeros(3, 2, dtype=torch.complex64)
 comm.allreduce(c)  # plans this geometry
 comm.allreduce(c)
