@@ -37,6 +37,8 @@ RSH = Path(__file__).with_name("rsh")
 #: TEST-NET-1 (RFC 5737): reserved for documentation, so it can never name a real peer
 SUBNET = "192.0.2.{}"
 HEAD_ADDRESS = SUBNET.format(254)
+#: where the hosts' shared directories go (/tmp is private to each host)
+SHARED_PARENT, SHARED_PREFIX = "/var/tmp", "denseccl-simhosts-"
 
 
 def unavailable() -> Optional[str]:
@@ -86,7 +88,8 @@ class SimHosts:
     def __init__(self, count: int) -> None:
         self.count = count
         self.names = [f"h{i}" for i in range(count)]
-        self.shared = Path(tempfile.mkdtemp(prefix="denseccl-simhosts-", dir="/var/tmp"))
+        _remove_stale_shared()
+        self.shared = Path(tempfile.mkdtemp(prefix=f"{SHARED_PREFIX}{os.getpid()}-", dir=SHARED_PARENT))
         self.hosts: List[Node] = []
         self.head: Optional[Node] = None
         self.switch: Optional[Node] = None
@@ -230,6 +233,7 @@ class SimHosts:
         process = subprocess.Popen(
             ["nsenter", "-t", str(self.head.pid), "--net", "--uts", "--mount", f"--wd={ROOT}", *command],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         timed_out = False
         try:
@@ -282,6 +286,22 @@ def split_by_rank(stdout: str) -> Dict[int, str]:
             text = re.sub(r"\[\d+\] $", "", match.group(2))  # hydra tags the start of a line it has not seen yet
             outputs.setdefault(int(match.group(1)), []).append(text)
     return {rank: "\n".join(lines) for rank, lines in outputs.items()}
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when this process dies, however it dies (mpiexec on the
+    head node is in no PID namespace that would take it down)."""
+    import ctypes  # noqa: PLC0415
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _remove_stale_shared() -> None:
+    """Shared directories of sessions that died without closing their hosts."""
+    for path in Path(SHARED_PARENT).glob(f"{SHARED_PREFIX}*"):
+        owner = path.name[len(SHARED_PREFIX):].split("-")[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _namespace(pid: int, kind: str) -> Optional[str]:
