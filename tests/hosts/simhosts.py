@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from tests.support import ranks
+
 ROOT = Path(__file__).resolve().parents[2]
 RSH = Path(__file__).with_name("rsh")
 #: TEST-NET-1 (RFC 5737): reserved for documentation, so it can never name a real peer
@@ -185,6 +187,7 @@ class SimHosts:
     # -- running things on the hosts -----------------------------------------------------------
 
     def environment(self, env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """This process's environment for a job on the hosts, with ``env`` on top."""
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
         environment["SIMHOSTS"] = " ".join(f"{h.name}:{h.pid}" for h in self.hosts)
@@ -210,26 +213,26 @@ class SimHosts:
         timeout: float = 120,
         expect_failure: Optional[bool] = False,
         launcher: Optional[Sequence[str]] = None,
+        hostfile: bool = False,
     ) -> JobResult:
         """Run ``argv`` (a Python script and its arguments) as an MPI job of ``hosts`` x
         ``per_host`` ranks, ranks ``i*per_host ...`` on host ``h<i>``, started by the mpiexec
         beside this interpreter on the head node. Asserts the exit status like
         ``tests.support.ranks.run_ranks`` (``expect_failure=None`` asserts nothing); kills the
-        whole job on timeout and anything it left on the hosts."""
+        whole job on timeout and anything it left on the hosts. ``hostfile``: name the hosts
+        and their slots in a hostfile (each launcher's format) instead of on the command line."""
         assert self.head is not None and 1 <= hosts <= self.count
         names = self.names[:hosts]
-        mpiexec = launcher or default_launcher()
-        flavour = mpi_flavour(mpiexec[0])
+        mpiexec = launcher or [ranks.mpiexec()]
+        flavour = ranks.flavour(mpiexec[0])
+        placement = self._placement(flavour, names, per_host, hostfile)
         if flavour == "openmpi":
-            command = [*mpiexec, "--host", ",".join(f"{n}:{per_host}" for n in names), "-n", str(hosts * per_host),
-                       "--tag-output", "--mca", "plm_rsh_agent", str(RSH),
-                       sys.executable, *argv]
+            command = [*mpiexec, *placement, "-n", str(hosts * per_host), "--tag-output", "--mca", "plm_rsh_agent", str(RSH)]
         else:
-            command = [*mpiexec, "-launcher", "ssh", "-launcher-exec", str(RSH), "-hosts", ",".join(names), "-ppn", str(per_host),
-                       "-n", str(hosts * per_host), "-prepend-rank", sys.executable, *argv]
-        environment = self.environment(env)
-        if flavour == "openmpi":
-            environment.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            command = [*mpiexec, "-launcher", "ssh", "-launcher-exec", str(RSH), *placement, "-n", str(hosts * per_host), "-prepend-rank"]
+        command += [sys.executable, *argv]
+        environment = self.environment(ranks.launch(mpiexec[0], hosts * per_host)[1])
+        environment.update(env or {})
         process = subprocess.Popen(
             ["nsenter", "-t", str(self.head.pid), "--net", "--uts", "--mount", f"--wd={ROOT}", *command],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True,
@@ -252,6 +255,17 @@ class SimHosts:
             raise AssertionError(result.describe())
         return result
 
+    def _placement(self, flavour: str, names: Sequence[str], per_host: int, hostfile: bool) -> List[str]:
+        """Launcher options that put ``per_host`` ranks on each of ``names``, in order."""
+        if not hostfile:
+            if flavour == "openmpi":
+                return ["--host", ",".join(f"{name}:{per_host}" for name in names)]
+            return ["-hosts", ",".join(names), "-ppn", str(per_host)]
+        path = self.shared / f"hostfile-{flavour}-{len(names)}x{per_host}"
+        lines = [f"{name} slots={per_host}" if flavour == "openmpi" else f"{name}:{per_host}" for name in names]
+        path.write_text("\n".join(lines) + "\n")
+        return ["--hostfile" if flavour == "openmpi" else "-f", str(path)]
+
     def reap(self) -> None:
         """Kill every process left on the hosts (all but their init) and empty their
         ``/dev/shm`` and ``/tmp``: each job starts on clean hosts."""
@@ -261,19 +275,6 @@ class SimHosts:
                 _kill(int(entry.name))
         for host in self.hosts:
             subprocess.run(["nsenter", "-t", str(host.pid), "--mount", "sh", "-c", "rm -rf /dev/shm/* /tmp/*"], capture_output=True, timeout=30)
-
-
-def default_launcher() -> List[str]:
-    """The mpiexec the rank tests use (tests.support.ranks.mpiexec)."""
-    from tests.support.ranks import mpiexec  # noqa: PLC0415
-
-    return [mpiexec()]
-
-
-def mpi_flavour(mpiexec: str) -> str:
-    """"openmpi" or "mpich" (hydra), from ``mpiexec --version``."""
-    text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    return "openmpi" if re.search(r"Open MPI|OpenRTE|PRRTE|prterun", text, re.IGNORECASE) else "mpich"
 
 
 def split_by_rank(stdout: str) -> Dict[int, str]:

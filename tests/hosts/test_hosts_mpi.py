@@ -69,3 +69,10 @@ def test_agreement_under_stress(simhosts: SimHosts, hosts: int, per_host: int) -
     done = simhosts.mpiexec([str(MPI_RANKS / "agreement_paths.py"), "0", "300"], hosts=hosts, per_host=per_host,
                             env={"DENSECCL_TIMEOUT": "30"}, timeout=200)
     expect_summaries(done.stdout, "agreement-paths-0", hosts * per_host)
+
+
+@pytest.mark.timeout(120)
+def test_hostfile(simhosts: SimHosts) -> None:
+    """The hosts and their slots from a hostfile (hydra's `-f`, Open MPI's `--hostfile`)."""
+    done = simhosts.mpiexec([str(HERE / "ranks" / "placement.py"), "3", "2"], hosts=3, per_host=2, hostfile=True)
+    expect_summaries(done.stdout, "placement", 6)
