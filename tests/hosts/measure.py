@@ -1,7 +1,8 @@
-"""16 MiB allreduce within a host and across simulated hosts, denseccl and raw mpi4py, in one
-run of alternating rounds (tests/hosts/ranks/allreduce_16m.py on 2 hosts x 2 ranks).
+"""An allreduce within a host and across simulated hosts, denseccl and raw mpi4py, in one run
+of alternating rounds (tests/hosts/ranks/allreduce_pairs.py on 2 hosts x 2 ranks).
 
-usage (as root, from the checkout): .venv/bin/python -m tests.hosts.measure [ROUNDS [ITERS]]
+usage (as root, from the checkout): .venv/bin/python -m tests.hosts.measure [ROUNDS ITERS [BYTES]]
+(default: 7 rounds of 10 calls of 16 MiB)
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from tests.hosts.simhosts import SimHosts, unavailable
 
 
 def main(argv: list) -> int:
-    rounds, iters = (argv + ["7", "10"])[:2] if len(argv) < 2 else argv[:2]
+    settings = argv + ["7", "10", str(16 << 20)][len(argv):]
     reason = unavailable()
     if reason is not None:
         print(reason, file=sys.stderr)
         return 1
-    program = Path(__file__).parent / "ranks" / "allreduce_16m.py"
+    program = Path(__file__).parent / "ranks" / "allreduce_pairs.py"
     with SimHosts(2) as hosts:
-        done = hosts.mpiexec([str(program), str(rounds), str(iters)], hosts=2, per_host=2, timeout=600)
+        done = hosts.mpiexec([str(program), *settings], hosts=2, per_host=2, timeout=600)
     print(done.outputs.get(0, done.stdout))
     return 0
 

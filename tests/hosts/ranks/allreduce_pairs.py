@@ -1,7 +1,7 @@
-"""Rank program: a 16 MiB float32 allreduce within a host and across hosts, denseccl and raw
-mpi4py side by side, in alternating rounds of one run.
+"""Rank program: a float32 allreduce (16 MiB unless told) within a host and across hosts,
+denseccl and raw mpi4py side by side, in alternating rounds of one run.
 
-usage: allreduce_16m.py ROUNDS ITERS   (2 hosts x 2 ranks: ranks 0, 1 on h0; 2, 3 on h1)
+usage: allreduce_pairs.py ROUNDS ITERS [BYTES]   (2 hosts x 2 ranks: 0, 1 on h0; 2, 3 on h1)
 
 Two pairs of ranks, (0, 1) on one host and (0, 2) on two, run in turn while the other ranks
 wait without spinning (a polled Ibarrier with sleeps), so the pair under test has the cores.
@@ -22,13 +22,14 @@ from mpi4py import MPI
 import denseccl
 
 rounds, iters = int(sys.argv[1]), int(sys.argv[2])
+nbytes = int(sys.argv[3]) if len(sys.argv) > 3 else 16 << 20
 world = MPI.COMM_WORLD
 rank = world.Get_rank()
 assert world.Get_size() == 4, "run on 2 hosts x 2 ranks"
 PAIRS = {"within a host": (0, 1), "across hosts": (0, 2)}
 raw = {name: world.Split(0 if rank in pair else MPI.UNDEFINED, rank) for name, pair in PAIRS.items()}
 dense = {name: denseccl.init(backend="mpi", comm=comm) if comm != MPI.COMM_NULL else None for name, comm in raw.items()}
-x = np.empty(4 << 20, dtype=np.float32)  # 16 MiB
+x = np.empty(nbytes // 4, dtype=np.float32)
 
 
 def quiet_barrier() -> None:
@@ -71,10 +72,11 @@ for number in range(rounds):
         times[run].append(timed(*run))
 quiet_barrier()
 if rank == 0:
-    median = {run: statistics.median(values) * 1e3 for run, values in times.items()}
+    median = {run: statistics.median(values) * 1e6 for run, values in times.items()}
+    print(f"float32 allreduce of {nbytes} B, 2 ranks, median of {rounds} rounds of {iters} calls")
     for pair in PAIRS:
         d, m = median[(pair, "denseccl")], median[(pair, "mpi4py")]
-        print(f"{pair:>14}: denseccl {d:8.2f} ms   mpi4py {m:8.2f} ms   denseccl/mpi4py {d / m:5.2f}")
+        print(f"{pair:>14}: denseccl {d:10.1f} us   mpi4py {m:10.1f} us   denseccl/mpi4py {d / m:5.2f}")
     for library in ("denseccl", "mpi4py"):
         print(f"{library:>14}: across/within {median[('across hosts', library)] / median[('within a host', library)]:5.2f}")
     print("JSON " + json.dumps({f"{pair}|{library}": ms for (pair, library), ms in median.items()}), flush=True)
