@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -118,14 +119,13 @@ class SimHosts:
         self.switch = self._spawn("switch", "", ["--net"], "ip link add br0 type bridge && ip link set br0 up")
         self.head = self._spawn(
             "head", HEAD_ADDRESS, ["--net", "--uts", "--mount", "--propagation", "private"],
-            f"hostname head && mount --bind {hosts_file} /etc/hosts",
+            f"hostname head && mount --bind {shlex.quote(str(hosts_file))} /etc/hosts",
         )
         for i, name in enumerate(self.names):
             self.hosts.append(self._spawn(
                 name, SUBNET.format(i + 1),
                 ["--net", "--uts", "--ipc", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"],
-                f"hostname {name} && mount --bind {hosts_file} /etc/hosts"
-                " && mount -t tmpfs -o mode=1777 simhost-shm /dev/shm && mount -t tmpfs -o mode=1777 simhost-tmp /tmp",
+                f"hostname {name} && mount --bind {shlex.quote(str(hosts_file))} /etc/hosts && {self._private_tmp()}",
             ))
         for node in (self.head, *self.hosts):
             self._wait_ready(node)
@@ -136,6 +136,22 @@ class SimHosts:
             self._ip(self.switch, "link", "set", port, "master", "br0", "up")
             self._ip(node, "addr", "add", f"{node.address}/24", "dev", "eth0")
             self._ip(node, "link", "set", "eth0", "up")
+
+    def _private_tmp(self) -> str:
+        """Shell commands that give a host an empty ``/dev/shm`` and ``/tmp`` of its own, keeping
+        visible what the jobs need from there (the checkout, the Python environment: a CI clone
+        may live under /tmp)."""
+        needed = sorted({p for p in (ROOT, Path(sys.prefix).resolve()) if p.parts[1:2] == ("tmp",)})
+        steps = []
+        for number, path in enumerate(needed):  # bind each aside before the tmpfs hides it, then back
+            aside = self.shared / f"keep{number}"
+            aside.mkdir(exist_ok=True)
+            steps.append(f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(aside))}")
+        steps += ["mount -t tmpfs -o mode=1777 simhost-shm /dev/shm", "mount -t tmpfs -o mode=1777 simhost-tmp /tmp"]
+        for number, path in enumerate(needed):
+            aside, target = shlex.quote(str(self.shared / f"keep{number}")), shlex.quote(str(path))
+            steps += [f"mkdir -p {target}", f"mount --bind {aside} {target}"]
+        return " && ".join(steps)
 
     def _spawn(self, name: str, address: str, flags: Sequence[str], setup: str) -> Node:
         script = f"set -e; ip link set lo up; {setup}; echo ready; read _ || true"
@@ -268,13 +284,16 @@ class SimHosts:
 
     def reap(self) -> None:
         """Kill every process left on the hosts (all but their init) and empty their
-        ``/dev/shm`` and ``/tmp``: each job starts on clean hosts."""
+        ``/dev/shm``: each job starts on clean hosts."""
         inits = {_namespace(h.pid, "pid"): h.pid for h in self.hosts}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and int(entry.name) not in inits.values() and _namespace(int(entry.name), "pid") in inits:
                 _kill(int(entry.name))
         for host in self.hosts:
-            subprocess.run(["nsenter", "-t", str(host.pid), "--mount", "sh", "-c", "rm -rf /dev/shm/* /tmp/*"], capture_output=True, timeout=30)
+            # /dev/shm is the host's own tmpfs (-xdev: never into a mount inside it); its /tmp may
+            # hold the checkout (see _private_tmp) and is left alone until teardown
+            subprocess.run(["nsenter", "-t", str(host.pid), "--mount", "find", "/dev/shm", "-xdev", "-mindepth", "1", "-delete"],
+                           capture_output=True, timeout=30)
 
 
 def split_by_rank(stdout: str) -> Dict[int, str]:
