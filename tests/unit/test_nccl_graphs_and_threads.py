@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from denseccl import arrays
+from denseccl.arrays import StreamRef
 from denseccl.communicator import Communicator
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from denseccl.ops import DTYPES, PreMulSum, ReduceOp
@@ -241,3 +242,74 @@ def test_many_threads_and_an_abort():
     for thread in threads:
         thread.join(5)
     assert wait_for(lambda: comm.aborted) and not comm.freed_while_inside and transport._inside == 0
+
+
+# -- 4. torch tensors used on a stream other than torch's current one -------------------------------
+
+
+class _FakeTensor:
+    """Stands for a CUDA torch tensor around a host array (what the Communicator asks of it)."""
+
+    def __init__(self, array):
+        self.array = array
+        self.recorded = []
+
+    def is_conj(self):
+        return False
+
+    def is_neg(self):
+        return False
+
+    def record_stream(self, stream):
+        self.recorded.append(stream.pointer)
+
+
+@pytest.fixture()
+def torch_like(solo, monkeypatch):
+    """The solo Communicator, with _FakeTensor inputs seen as CUDA torch tensors and a fake torch
+    whose current stream on the device is 55."""
+    import sys
+    from types import SimpleNamespace
+
+    import denseccl.communicator as communicator_module
+
+    real_as_buffer = communicator_module.as_buffer
+
+    def as_buffer(x):
+        if isinstance(x, _FakeTensor):
+            return real_as_buffer(HostCAI(x.array))._replace(library="torch", owner=x)
+        return real_as_buffer(x)
+
+    cuda = SimpleNamespace(ExternalStream=lambda pointer, device: SimpleNamespace(pointer=pointer, device=device))
+    monkeypatch.setattr(communicator_module, "as_buffer", as_buffer)
+    monkeypatch.setattr(arrays, "_TORCH_STREAMS", {})
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, Tensor=type(None)))
+    return solo
+
+
+def test_torch_tensors_on_another_stream_are_recorded_there(torch_like):
+    x, out = _FakeTensor(np.ones(6, np.float32)), _FakeTensor(np.zeros(6, np.float32))
+    torch_like.allreduce(x, out=out, stream=SimpleStream(66))
+    assert x.recorded == [66] and out.recorded == [66]  # both, on the stream NCCL used
+    torch_like.allreduce(x)  # torch's current stream (torch ignores it where it allocated x)
+    work = torch_like.broadcast(x, 0, async_op=True, stream=SimpleStream(67))
+    assert x.recorded == [66, 55, 67]
+    work.wait()
+    stacked = _FakeTensor(np.zeros((1, 6), np.float32))
+    torch_like.allgather(x, out=stacked, stream=SimpleStream(68))
+    torch_like.reduce_scatter(stacked, out=out, stream=SimpleStream(69))
+    torch_like.reduce(x, 0, stream=SimpleStream(70))
+    assert x.recorded == [66, 55, 67, 68, 70] and stacked.recorded == [68, 69] and out.recorded == [66, 69]
+
+
+def test_other_arrays_are_not_recorded(solo):
+    x = HostCAI(np.ones(6, np.float32))
+    solo.allreduce(x, stream=SimpleStream(66))  # no record_stream for a non-torch array: nothing to call
+    arrays.record_stream(None, ())
+    arrays.record_stream(StreamRef(66, "cupy", 0), arrays.as_buffer(x))
+    assert solo.fake.calls[-1][-1] == 66
+
+
+class SimpleStream:
+    def __init__(self, pointer):
+        self.ptr = pointer
