@@ -7,37 +7,16 @@ Policy knobs, each with an environment twin: ``backend`` (``DENSECCL_BACKEND``),
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Union
 
+from . import config
 from .communicator import Communicator
 from .errors import DenseCCLError
 
-DEFAULT_TIMEOUT = 300.0
-_CHECK_WORDS = {"always": True, "on": True, "1": True, "true": True, "off": False, "0": False, "false": False, "never": False}
 
 
 def _check_policy(check: Union[None, bool, str]) -> bool:
-    if isinstance(check, bool):
-        return check
-    word = (check if check is not None else os.environ.get("DENSECCL_CHECK", "always")).strip().lower()
-    if word not in _CHECK_WORDS:
-        raise DenseCCLError(f"check must be 'always' or 'off' (got {word!r} from {'check=' if check is not None else 'DENSECCL_CHECK'})")
-    return _CHECK_WORDS[word]
-
-
-def _timeout_policy(timeout: Optional[float]) -> Optional[float]:
-    if timeout is None:
-        raw = os.environ.get("DENSECCL_TIMEOUT")
-        if raw is None:
-            return DEFAULT_TIMEOUT
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise DenseCCLError(f"DENSECCL_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if timeout < 0:
-        raise DenseCCLError(f"timeout must be >= 0 seconds (0 waits forever), got {timeout}")
-    return timeout or None
+    return config.settings().check if check is None else config.flag(check, "check")
 
 
 def _import_mpi() -> Any:
@@ -55,7 +34,7 @@ def init(
     backend: Optional[str] = None,
     *,
     check: Union[None, bool, str] = None,
-    timeout: Optional[float] = None,
+    timeout: config.Seconds = None,
     comm: Any = None,
     **options: Any,
 ) -> Communicator:
@@ -67,11 +46,12 @@ def init(
     under mpiexec nothing else is needed). ``check``: ``"always"`` (default) checks that every
     rank holds the same descriptor before each collective; ``"off"`` skips that, and then a rank
     whose input is invalid raises alone while its peers wait until the timeout. ``timeout``:
-    seconds a rank waits for its peers before :class:`CollectiveTimeoutError` (default 300).
+    seconds (or a ``datetime.timedelta``) a rank waits for its peers before
+    :class:`CollectiveTimeoutError` (default ``DENSECCL_TIMEOUT``, else 300; 0 waits forever).
     """
-    backend = (backend or os.environ.get("DENSECCL_BACKEND") or _default_backend()).lower()
+    backend = (backend or config.settings().backend or _default_backend()).lower()
     checking = _check_policy(check)
-    seconds = _timeout_policy(timeout)
+    seconds = config.timeout(timeout)
     if backend == "mpi":
         if options:
             raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")

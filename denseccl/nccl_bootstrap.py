@@ -25,13 +25,12 @@ import time
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
+from . import config
 from .communicator import Communicator
 from .errors import DenseCCLError
 
 INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
 UNIQUE_ID_BYTES = 128
-_LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-_MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MPI_LOCALRANKID", "PMI_SIZE")
 
 
 # -- is NCCL usable here? -------------------------------------------------------------------------
@@ -136,12 +135,7 @@ def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_versi
 
 
 def local_rank_from_env(environ: Any = None) -> Optional[int]:
-    environ = os.environ if environ is None else environ
-    for name in _LOCAL_RANK_VARIABLES:
-        raw = environ.get(name)
-        if raw is not None and raw.strip().lstrip("-").isdigit():
-            return int(raw)
-    return None
+    return config.local_rank(environ)
 
 
 def pick_device(local_rank: Optional[int], rank: int, count: int) -> int:
@@ -201,7 +195,7 @@ def _mpi_world() -> Any:
     try:
         from mpi4py import MPI  # noqa: PLC0415
     except Exception as error:  # noqa: BLE001 - ImportError, or no MPI library behind mpi4py
-        if any(os.environ.get(name) for name in _MPI_LAUNCH_VARIABLES):
+        if config.launched_by_mpi():
             raise DenseCCLError(
                 f"this looks like an MPI launch, but mpi4py cannot start ({type(error).__name__}: {error}); install "
                 "it with pip install 'denseccl[mpi]', or launch with torchrun-style variables"

@@ -8,6 +8,8 @@ import os
 import socket
 from typing import Any, Dict, Optional
 
+from .. import config
+
 
 class Job:
     """The ranks of this run. Every lazily created communicator is created in the same order
@@ -24,7 +26,8 @@ class Job:
         self._denseccl: Dict[bool, Any] = {}
         self._torch_groups: Dict[str, Any] = {}
         self._torch_ready = False
-        self.local_rank = int(os.environ.get("MPI_LOCALRANKID", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", self.rank)))
+        local = config.local_rank()
+        self.local_rank = self.rank if local is None else local
 
     # -- denseccl ------------------------------------------------------------------------------
 

@@ -9,14 +9,13 @@ collective it runs.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import os
 from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..errors import DenseCCLError, LayoutError
+from .. import config
+from ..errors import LayoutError
 from ..ops import OpLike, PreMulSum
 
 _RED = dist.ReduceOp.RedOpType
@@ -61,16 +60,13 @@ def options(opts: Any, cls: Any) -> Any:
     return made
 
 
-def timeout_seconds(timeout: Optional[datetime.timedelta]) -> Optional[float]:
-    """torch's timeout, unless DENSECCL_TIMEOUT (seconds, 0 for none) overrides it."""
-    raw = os.environ.get("DENSECCL_TIMEOUT")
-    if raw is not None:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            raise DenseCCLError(f"DENSECCL_TIMEOUT must be a number of seconds, got {raw!r}") from None
-        return seconds if seconds > 0 else None
-    return timeout.total_seconds() if timeout else None
+def timeout_seconds(timeout: config.Seconds) -> Optional[float]:
+    """torch's timeout (a timedelta or seconds), unless DENSECCL_TIMEOUT (seconds, 0 for none)
+    overrides it."""
+    override = config.settings().timeout
+    if override is not None:
+        return override or None
+    return config.seconds(timeout, "timeout") or None
 
 
 @contextlib.contextmanager

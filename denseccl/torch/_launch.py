@@ -8,18 +8,10 @@ when torch's rank or world size disagrees with MPI's. Without one, CUDA tensors 
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional, Sequence, Tuple
 
+from ..config import launched_by_mpi
 from ..errors import DenseCCLError
-
-#: Environment variables that say the process was started by an MPI launcher.
-_MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
-
-
-def launched_by_mpi() -> bool:
-    """Whether an MPI launcher (mpiexec, mpirun, srun with PMI) started this process."""
-    return any(name in os.environ for name in _MPI_LAUNCH_VARIABLES)
 
 
 def host_problem(size: int) -> Optional[str]:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
+from .. import config
 from ..transports.base import abandon, wait_until
 
 
@@ -202,13 +203,8 @@ class Progress:
 
 def _poll_seconds(default: float) -> float:
     """DENSECCL_TORCH_POLL (seconds between polls; 0 spins, yielding the core) or ``default``."""
-    raw = os.environ.get("DENSECCL_TORCH_POLL")
-    if raw is None:
-        return default
-    try:
-        return max(float(raw), 0.0)
-    except ValueError:
-        raise ValueError(f"DENSECCL_TORCH_POLL must be a number of seconds, got {raw!r}") from None
+    poll = config.settings().torch_poll
+    return default if poll is None else poll
 
 
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()

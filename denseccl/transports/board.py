@@ -25,6 +25,7 @@ import platform
 import time
 from typing import Any, Callable, Optional
 
+from .. import config
 from .base import wait_until
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, padding)
@@ -42,7 +43,7 @@ _TSO_MACHINES = {"x86_64", "amd64", "i686", "i386"}
 def usable_here() -> bool:
     """Whether this host can use a board: ordered stores and a shared-memory directory, and
     not switched off with ``DENSECCL_SHARED_AGREEMENT=0``."""
-    if os.environ.get("DENSECCL_SHARED_AGREEMENT", "1").strip().lower() in ("0", "off", "false", "no"):
+    if not config.settings().shared_agreement:
         return False
     return platform.machine().lower() in _TSO_MACHINES and os.path.isdir(DIRECTORY)
 

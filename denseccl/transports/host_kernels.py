@@ -18,20 +18,20 @@ bits (a NaN stays a NaN, its payload may differ), chosen by ``DENSECCL_HOST_KERN
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 import threading
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
+from .. import config
 from ..ops import DType, ReduceOp
 
 #: Elements per chunk: large enough to amortise NumPy's per-call cost, small enough for L2.
 CHUNK = 1 << 15
 
 #: "auto", "native", "torch" or "numpy" (see the module docstring).
-KERNELS = os.environ.get("DENSECCL_HOST_KERNELS", "auto").strip().lower()
+KERNELS = config.settings().host_kernels
 
 _native: Any  # the compiled module, or None
 try:

@@ -203,7 +203,7 @@ else
   else
     bench two-ranks 110 2 "${common[@]}" -b 4K -e 16M -f 4 --layouts contiguous,channels_last,transposed --json "$work/bench-2.json"
     if has torch_cuda; then
-      bench ddp 70 2 launch/bench_ddp.py --rounds 3 --steps 10
+      bench ddp 70 2 examples/bench_ddp.py --rounds 3 --steps 10
     else
       record "SKIP bench ddp: torch has no CUDA here"
     fi

@@ -1,0 +1,177 @@
+"""Every ``DENSECCL_*`` setting, and the facts about launchers that several modules need.
+
+A setting is read from the environment by :func:`settings`, which parses all of them with one
+rule per kind (booleans, seconds, words) and caches the result for as long as the environment
+holds the same values. Explicit arguments (``denseccl.init(check=..., timeout=...)``) win over
+the environment; :func:`seconds` is the one conversion for timeouts given as numbers or
+``datetime.timedelta``.
+
+=============================  ===============================================  ==========
+variable                       meaning                                          default
+=============================  ===============================================  ==========
+``DENSECCL_BACKEND``           ``mpi`` or ``nccl`` for ``denseccl.init()``     chosen
+``DENSECCL_CHECK``             ``always`` / ``off``: the cross-rank check       ``always``
+``DENSECCL_TIMEOUT``           seconds a rank waits for peers (0: forever)      300
+``DENSECCL_SHARED_AGREEMENT``  agreement through shared memory on one host      on
+``DENSECCL_HOST_KERNELS``      ``auto`` / ``native`` / ``torch`` / ``numpy``    ``auto``
+``DENSECCL_TORCH_POLL``        seconds between the torch progress thread's      adaptive
+                               polls (0 spins, yielding the core)
+``DENSECCL_DEBUG``             ``WARN`` / ``INFO`` / ``TRACE`` (logging)        ``WARN``
+=============================  ===============================================  ==========
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Optional, Tuple, Union
+
+from .errors import DenseCCLError
+
+#: seconds a rank waits for its peers unless told otherwise
+DEFAULT_TIMEOUT = 300.0
+
+#: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
+MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+#: variables that carry a process's rank on its host, most specific first
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+_TRUE = frozenset({"1", "on", "true", "yes", "always"})
+_FALSE = frozenset({"0", "off", "false", "no", "never"})
+_KERNELS = ("auto", "native", "torch", "numpy")
+_DEBUG = ("WARN", "INFO", "TRACE")
+_NAMES = (
+    "DENSECCL_BACKEND",
+    "DENSECCL_CHECK",
+    "DENSECCL_TIMEOUT",
+    "DENSECCL_SHARED_AGREEMENT",
+    "DENSECCL_HOST_KERNELS",
+    "DENSECCL_TORCH_POLL",
+    "DENSECCL_DEBUG",
+)
+
+Seconds = Union[None, int, float, datetime.timedelta]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parsed ``DENSECCL_*`` environment (None: not set)."""
+
+    backend: Optional[str]
+    check: bool
+    timeout: Optional[float]
+    shared_agreement: bool
+    host_kernels: str
+    torch_poll: Optional[float]
+    debug: str
+
+
+def flag(word: Union[bool, str], what: str) -> bool:
+    """The one rule for booleans: 1/on/true/yes/always and 0/off/false/no/never."""
+    if isinstance(word, bool):
+        return word
+    text = str(word).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise DenseCCLError(f"{what} must be 'always' or 'off' (or on/off, 1/0, true/false, yes/no), got {word!r}")
+
+
+def seconds(value: Any, what: str) -> Optional[float]:
+    """A timeout given as seconds (number or numeric string) or a ``datetime.timedelta``, as
+    float seconds; None stays None. Negative values are refused."""
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        number = value.total_seconds()
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise DenseCCLError(f"{what} must be a number of seconds or a datetime.timedelta, got {value!r}") from None
+    if number < 0 or number != number:
+        raise DenseCCLError(f"{what} must be >= 0 seconds (0 waits forever), got {value!r}")
+    return number
+
+
+def timeout(value: Seconds = None) -> Optional[float]:
+    """The timeout a communicator uses: ``value`` if given, else ``DENSECCL_TIMEOUT``, else
+    :data:`DEFAULT_TIMEOUT`; 0 means wait forever (None)."""
+    chosen = seconds(value, "timeout")
+    if chosen is None:
+        chosen = settings().timeout
+    if chosen is None:
+        chosen = DEFAULT_TIMEOUT
+    return chosen or None
+
+
+def settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """The ``DENSECCL_*`` settings of ``environ`` (default ``os.environ``), parsed once per
+    distinct set of values."""
+    source = os.environ if environ is None else environ
+    return _parse(tuple(source.get(name) for name in _NAMES))
+
+
+@lru_cache(maxsize=8)
+def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
+    values = dict(zip(_NAMES, raw))
+    backend = values["DENSECCL_BACKEND"]
+    if backend is not None:
+        backend = backend.strip().lower() or None
+    kernels = (values["DENSECCL_HOST_KERNELS"] or "auto").strip().lower()
+    if kernels not in _KERNELS:
+        raise DenseCCLError(f"DENSECCL_HOST_KERNELS must be one of {', '.join(_KERNELS)}, got {kernels!r}")
+    debug = (values["DENSECCL_DEBUG"] or "WARN").strip().upper()
+    if debug == "WARNING":
+        debug = "WARN"
+    if debug not in _DEBUG:
+        raise DenseCCLError(f"DENSECCL_DEBUG must be one of {', '.join(_DEBUG)}, got {debug!r}")
+    return Settings(
+        backend=backend,
+        check=flag(values["DENSECCL_CHECK"] or "always", "DENSECCL_CHECK"),
+        timeout=_seconds_or_none(values["DENSECCL_TIMEOUT"], "DENSECCL_TIMEOUT"),
+        shared_agreement=flag(values["DENSECCL_SHARED_AGREEMENT"] or "1", "DENSECCL_SHARED_AGREEMENT"),
+        host_kernels=kernels,
+        torch_poll=_seconds_or_none(values["DENSECCL_TORCH_POLL"], "DENSECCL_TORCH_POLL"),
+        debug=debug,
+    )
+
+
+def _seconds_or_none(raw: Optional[str], name: str) -> Optional[float]:
+    if raw is None or not raw.strip():
+        return None
+    return seconds(raw.strip(), name)
+
+
+def launched_by_mpi(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether an MPI launcher (mpiexec, mpirun, srun with PMI/PMIx) started this process."""
+    source = os.environ if environ is None else environ
+    return any(source.get(name) for name in MPI_LAUNCH_VARIABLES)
+
+
+def local_rank(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """This process's rank on its host, from the first launcher variable that holds one."""
+    source = os.environ if environ is None else environ
+    for name in LOCAL_RANK_VARIABLES:
+        raw = source.get(name)
+        if raw is not None and raw.strip().lstrip("-").isdigit():
+            return int(raw)
+    return None
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "LOCAL_RANK_VARIABLES",
+    "MPI_LAUNCH_VARIABLES",
+    "Settings",
+    "flag",
+    "launched_by_mpi",
+    "local_rank",
+    "seconds",
+    "settings",
+    "timeout",
+]
