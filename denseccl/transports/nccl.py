@@ -30,9 +30,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-import warnings
 from typing import Any, Callable, Optional, Set, Tuple
 
+from .. import log
 from ..arrays import StreamRef, stream_pointer
 from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from ..ops import DType, Op, PreMulSum, ReduceOp, op_kind
@@ -162,11 +162,10 @@ class NCCLTransport(Transport):
         with self._lock:
             if self._inside:
                 self._deferred = "abort"
-                warnings.warn(
-                    f"denseccl: {reason}; ncclCommAbort waits until the NCCL call now running in another thread "
-                    "returns (aborting under it would free the communicator it uses)",
-                    RuntimeWarning,
-                    stacklevel=2,
+                log.warning(
+                    "%s; ncclCommAbort waits until the NCCL call now running in another thread returns (aborting "
+                    "under it would free the communicator it uses)",
+                    reason,
                 )
                 return
             self._release("abort")
