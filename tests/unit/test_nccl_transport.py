@@ -1,5 +1,6 @@
-"""The NCCL transport's logic on the CPU, with a fake NcclCommunicator, fake CUDA events and a
-fake libnccl: which call each collective makes (pointers, counts, dtypes, ops, roots, streams),
+"""The NCCL transport's logic on the CPU, with the fakes of tests/unit/test_nccl_fakes.py (a fake
+NcclCommunicator and a fake cupy, both checked against the installed CuPy) and a fake libnccl:
+which call each collective makes (pointers, counts, dtypes, ops, roots, streams),
 the PreMulSum op cache, Work/Pending semantics (stream wait vs host synchronisation), timeouts
 that abort the communicator, asynchronous errors, the watchdog, split, and the Communicator on
 top of it all. What only a GPU can show (NCCL's arithmetic, real streams) is in tests/gpu."""
