@@ -324,9 +324,12 @@ def record_stream(ref: Any, keep: Any) -> None:
     if stream is None:
         if len(_TORCH_STREAMS) >= 256:  # streams come and go: keep the cache bounded
             _TORCH_STREAMS.clear()
-        stream = _TORCH_STREAMS[(ref.pointer, ref.device)] = sys.modules["torch"].cuda.ExternalStream(ref.pointer, device=ref.device)
+        stream = sys.modules["torch"].cuda.ExternalStream(ref.pointer, device=ref.device)
+        _TORCH_STREAMS[(ref.pointer, ref.device)] = stream
     seen = None
     for buffer in (keep,) if isinstance(keep, Buffer) else keep:
-        if isinstance(buffer, Buffer) and buffer.library == "torch" and buffer.device != HOST and buffer.owner is not seen:
+        if not isinstance(buffer, Buffer) or buffer.library != "torch" or buffer.device == HOST:
+            continue
+        if buffer.owner is not seen:
             buffer.owner.record_stream(stream)
             seen = buffer.owner  # in place: the input is the output

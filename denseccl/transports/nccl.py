@@ -118,11 +118,13 @@ class NCCLTransport(Transport):
         self._closed = False
         self._scratch: Any = None
         self._watchdog = Watchdog(
-            timeout, self.events.done, self.async_error, self.abort, watchdog_interval, getattr(self.events, "bind_thread", None)
+            timeout, self.events.done, self.async_error, self.abort, watchdog_interval,
+            getattr(self.events, "bind_thread", None),
         )
 
     def __repr__(self) -> str:
-        return f"<NCCLTransport rank {self.rank} of {self.size} on cuda:{self.device}, NCCL {version_string(self.version)}>"
+        where = f"rank {self.rank} of {self.size} on cuda:{self.device}"
+        return f"<NCCLTransport {where}, NCCL {version_string(self.version)}>"
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -227,7 +229,16 @@ class NCCLTransport(Transport):
             return self.events.default_stream()
         return StreamRef(stream_pointer(stream), "cupy", self.device)
 
-    def _launch(self, what: str, stream: Any, call: Callable[[int, int], Any], op: Optional[Op] = None, dtype: Optional[DType] = None, *, host: bool = False) -> NCCLPending:
+    def _launch(
+        self,
+        what: str,
+        stream: Any,
+        call: Callable[[int, int], Any],
+        op: Optional[Op] = None,
+        dtype: Optional[DType] = None,
+        *,
+        host: bool = False,
+    ) -> NCCLPending:
         """Run ``call(reduction, stream pointer)`` inside the counted window, with a watchdog
         entry unless the stream is being captured into a CUDA graph."""
         ref = self._stream(stream)
@@ -270,8 +281,9 @@ class NCCLTransport(Transport):
         key = (float(op.factor), carrier)
         found = self._premul.get(key)
         if found is None:
-            created = self.library.create_premul_sum(premul_scalar(op.factor, carrier), self._reducible[carrier], raw_handle(self.comm))
-            self._premul[key] = found = created
+            scalar = premul_scalar(op.factor, carrier)
+            code, handle = self._reducible[carrier], raw_handle(self.comm)
+            found = self._premul[key] = self.library.create_premul_sum(scalar, code, handle)
             if len(self._premul) > PREMUL_CACHE:  # an op may be destroyed once the calls given it have returned
                 oldest = next((k for k in self._premul if k not in self._captured_ops and k != key), None)
                 if oldest is not None:
@@ -292,11 +304,15 @@ class NCCLTransport(Transport):
 
     def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
         code, n = self._elements(dtype, count, op)
-        return self._launch("allreduce", stream, lambda red, s: self.comm.allReduce(send, recv, n, code, red, s), op, dtype)
+        return self._launch(
+            "allreduce", stream, lambda red, s: self.comm.allReduce(send, recv, n, code, red, s), op, dtype
+        )
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         code, n = self._elements(dtype, count, op)
-        return self._launch("reduce", stream, lambda red, s: self.comm.reduce(send, recv, n, code, red, root, s), op, dtype)
+        return self._launch(
+            "reduce", stream, lambda red, s: self.comm.reduce(send, recv, n, code, red, root, s), op, dtype
+        )
 
     def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
         code, n = self._elements(dtype, count)
@@ -318,7 +334,9 @@ class NCCLTransport(Transport):
             self._scratch = self.events.scratch(4)
         pointer = int(self._scratch.ptr)
         total = NCCL_OPS[ReduceOp.SUM]
-        return self._launch("barrier", None, lambda _, s: self.comm.allReduce(pointer, pointer, 1, INT32, total, s), host=True)
+        return self._launch(
+            "barrier", None, lambda _, s: self.comm.allReduce(pointer, pointer, 1, INT32, total, s), host=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -336,7 +354,9 @@ class NCCLTransport(Transport):
             self._leave()
         if part is None:
             return None
-        return NCCLTransport(part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library)
+        return NCCLTransport(
+            part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library
+        )
 
     def close(self) -> None:
         """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left);

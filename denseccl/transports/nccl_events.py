@@ -49,7 +49,9 @@ class _Handle:
 class CudaStreams:
     """The CUDA calls the transport makes, each one CuPy call on CuPy's objects, on ``device``."""
 
-    def __init__(self, device: int, cupy: Any = None, current: Callable[[str, int], int] = current_stream_pointer) -> None:
+    def __init__(
+        self, device: int, cupy: Any = None, current: Callable[[str, int], int] = current_stream_pointer
+    ) -> None:
         if cupy is None:
             import cupy  # noqa: PLC0415 - device transport only
         self._cupy = cupy
@@ -253,7 +255,9 @@ class NCCLPending(Pending):
 
     __slots__ = ("_transport", "_event", "stream", "_host", "captured")
 
-    def __init__(self, transport: "NCCLTransport", event: Any, stream: StreamRef, host: bool = False, captured: bool = False) -> None:
+    def __init__(
+        self, transport: "NCCLTransport", event: Any, stream: StreamRef, host: bool = False, captured: bool = False
+    ) -> None:
         self._transport = transport
         self._event = event
         self.stream = stream

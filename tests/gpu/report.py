@@ -42,7 +42,8 @@ def versions() -> List[str]:
 
     def smi() -> str:
         query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"]
-        return "; ".join(subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout.strip().splitlines())
+        found = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True)
+        return "; ".join(found.stdout.strip().splitlines())
 
     lines.append(f"gpu (nvidia-smi: name, driver, memory, compute capability): {_try('nvidia-smi', smi)}")
     with warnings.catch_warnings():
@@ -56,19 +57,23 @@ def versions() -> List[str]:
     if cupy is not None:
         runtime = cupy.cuda.runtime
         lines.append(f"cupy: {cupy.__version__}")
-        lines.append(f"cuda runtime (cupy): {_try('runtime', runtime.runtimeGetVersion)}; driver API: {_try('driver', runtime.driverGetVersion)}")
+        cuda = f"{_try('runtime', runtime.runtimeGetVersion)}; driver API: {_try('driver', runtime.driverGetVersion)}"
+        lines.append(f"cuda runtime (cupy): {cuda}")
         lines.append(f"gpus visible: {_try('count', runtime.getDeviceCount)}")
-        lines.append(f"nccl (cupy.cuda.nccl.get_version): {_try('nccl', lambda: _nccl_string(nccl.get_version()) if nccl.available else 'not available')}")
+        version = _try("nccl", lambda: _nccl_string(nccl.get_version()) if nccl.available else "not available")
+        lines.append(f"nccl (cupy.cuda.nccl.get_version): {version}")
     try:
         import torch
 
         lines.append(f"torch: {torch.__version__} (cuda {torch.version.cuda}, available {torch.cuda.is_available()})")
-        lines.append(f"nccl (torch.cuda.nccl.version): {_try('torch nccl', lambda: '.'.join(map(str, torch.cuda.nccl.version())))}")
+        version = _try("torch nccl", lambda: ".".join(map(str, torch.cuda.nccl.version())))
+        lines.append(f"nccl (torch.cuda.nccl.version): {version}")
     except Exception as error:  # noqa: BLE001
         lines.append(f"torch: not importable ({type(error).__name__}: {error})")
     for name in ("numpy", "ml_dtypes", "mpi4py", "pytest"):
         lines.append(f"{name}: {_try(name, lambda n=name: __import__(n).__version__)}")
-    lines.append(f"mpi library: {_try('mpi', lambda: __import__('mpi4py.MPI', fromlist=['MPI']).Get_library_version().splitlines()[0])}")
+    library = _try("mpi", lambda: __import__("mpi4py.MPI", fromlist=["MPI"]).Get_library_version().splitlines()[0])
+    lines.append(f"mpi library: {library}")
     return lines
 
 

@@ -126,17 +126,22 @@ def inner_timeout(default: float) -> float:
         return default
 
 
-def run_program(argv: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None) -> "subprocess.CompletedProcess[str]":
+def run_program(
+    argv: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None
+) -> "subprocess.CompletedProcess[str]":
     """Run ``python *argv`` from the repository root; past ``timeout`` it is killed and its
     output so far is still returned (returncode -9)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
-        return subprocess.run([sys.executable, *argv], cwd=str(ROOT), capture_output=True, text=True, timeout=timeout, env=full_env)
+        return subprocess.run(
+            [sys.executable, *argv], cwd=str(ROOT), capture_output=True, text=True, timeout=timeout, env=full_env
+        )
     except subprocess.TimeoutExpired as expired:
         def text(value: Any) -> str:
             return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
 
-        return subprocess.CompletedProcess(expired.cmd, -9, text(expired.stdout) + f"\n[killed after {timeout} s]", text(expired.stderr))
+        output = text(expired.stdout) + f"\n[killed after {timeout} s]"
+        return subprocess.CompletedProcess(expired.cmd, -9, output, text(expired.stderr))
 
 
 def free_port() -> int:

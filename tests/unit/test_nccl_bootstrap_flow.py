@@ -166,7 +166,8 @@ def test_cupy13_takes_a_tuple(fakes, monkeypatch):
 
     fakes.NcclCommunicator = tuple_only
     cupy, nccl = nccl_bootstrap._require_nccl()
-    monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (types.SimpleNamespace(**{**vars(cupy), "__version__": "13.6.0"}), nccl))
+    cupy13 = types.SimpleNamespace(**{**vars(cupy), "__version__": "13.6.0"})
+    monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy13, nccl))
     comm = denseccl.init(backend="nccl", size=1, timeout=5)
     assert len(made) == 1 and len(made[0]) == 128 and all(-128 <= v <= 127 for v in made[0])
     comm.close()

@@ -148,7 +148,9 @@ class FakeCuda:
             def done(self):
                 world.queries += 1
                 if self.in_capture:
-                    raise RuntimeError("cudaErrorCapturedEvent: operation not permitted on an event last recorded in a capturing stream")
+                    raise RuntimeError(
+                        "cudaErrorCapturedEvent: operation not permitted on an event last recorded in a capture"
+                    )
                 if world.broken_query:
                     raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
                 return self.finished
@@ -220,7 +222,9 @@ def make(*, timeout=None, size=2, version=VERSION, interval=0.01, current=0, cap
     """A transport on the fakes: (transport, comm, cuda, library)."""
     comm, cuda, library = FakeComm(0, size), FakeCuda(current), FakeLibrary()
     cuda.capability = capability
-    transport = nccl.NCCLTransport(comm, 0, timeout=timeout, version=version, events=cuda.streams(), library=library, watchdog_interval=interval)
+    transport = nccl.NCCLTransport(
+        comm, 0, timeout=timeout, version=version, events=cuda.streams(), library=library, watchdog_interval=interval
+    )
     return transport, comm, cuda, library
 
 
@@ -267,7 +271,8 @@ def _parameters(member: Any) -> Optional[List[str]]:
 def _check_against(fake: type, real: type, skip: tuple = ()) -> List[str]:
     problems = []
     for name, member in vars(fake).items():
-        if name.startswith("_") or name in skip or not (callable(member) or isinstance(member, (property, classmethod))):
+        described = callable(member) or isinstance(member, (property, classmethod))
+        if name.startswith("_") or name in skip or not described:
             continue
         if not hasattr(real, name):
             problems.append(f"{fake.__name__}.{name}: {real.__name__} has no {name}")
@@ -288,7 +293,7 @@ def _check_against(fake: type, real: type, skip: tuple = ()) -> List[str]:
 def test_fake_communicator_matches_cupys_ncclcommunicator():
     _, cupy_nccl = _real_cupy()
     assert _check_against(FakeComm, cupy_nccl.NcclCommunicator, skip=("comm",)) == []
-    assert isinstance(inspect.getattr_static(cupy_nccl.NcclCommunicator, "comm"), object) and hasattr(cupy_nccl.NcclCommunicator, "comm")
+    assert hasattr(cupy_nccl.NcclCommunicator, "comm")  # the raw ncclComm_t (the PreMulSum ops need it)
     wanted = _parameters(cupy_nccl.NcclCommunicator)  # the constructor, from the class docstring
     assert wanted[:3] == ["ndev", "commId", "rank"], wanted
     assert issubclass(cupy_nccl.NcclError, RuntimeError) and cupy_nccl.NcclError(4).status == 4
