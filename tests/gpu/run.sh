@@ -55,6 +55,7 @@ finish() {
   "$PY" tests/gpu/report.py count "$steps" "$work"/*.xml 2>&1 | tee -a "$summary"
   ls "$out" | wc -l | xargs -I{} echo "files in \$OUT: {} (at most 8 come back)"
   echo "--- summary"; cat "$summary"
+  rm -rf "$work"
   grep -q '^gpu: [0-9]* passed, 0 failed$' "$summary"
   exit $?
 }
