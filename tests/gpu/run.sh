@@ -174,7 +174,7 @@ if ! "$PY" -c "import denseccl.bench" >/dev/null 2>&1; then
 elif [ "$(cap 150)" -lt 40 ]; then
   note "SKIP bench: not enough of the budget left"
 else
-  bench_args=(-m denseccl.bench --backend nccl -b 4K -e 16M -f 16 -c allreduce,allgather,reduce_scatter --layouts all -n 10 -w 2 --rounds 2 --json "$out/bench.json")
+  bench_args=(-m denseccl.bench --backend nccl -b 4K -e 16M -f 16 --collective allreduce,allgather,reduce_scatter --layouts all -n 10 -w 2 --rounds 2 --json "$out/bench.json")
   mpiexec_bin="$(dirname "$PY")/mpiexec"
   [ -x "$mpiexec_bin" ] || mpiexec_bin="$(command -v mpiexec || true)"
   two_ranks() {  # the command line that runs "$PY $@" on two ranks in the mode that worked
