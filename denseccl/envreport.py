@@ -254,7 +254,8 @@ def report() -> str:
     lines.append("")
     built, text = half_kernels()
     lines.append("Compiled half kernels (float16/bfloat16 on MPI)")
-    lines.append(f"  {'yes' if built else 'NO'}: {text}")
+    lines.append(textwrap.fill(f"{'yes' if built else 'NO'}: {text}", width=110, initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False))
     lines.append("")
     lines.append("Backends: can they run here?")
     for name, (ok, why) in backends().items():
