@@ -29,14 +29,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.json:
         built, kernels = envreport.half_kernels()
-        print(json.dumps({
-            "versions": envreport.versions(load=True),
-            "mpi_library": envreport.mpi_library_version(load=True),
-            "half_kernels": {"built": built, "detail": kernels},
-            "backends": {name: {"available": ok, "detail": why} for name, (ok, why) in envreport.backends().items()},
-            "cpus": envreport.cpus(),
-            "environment": envreport.environment(),
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "versions": envreport.versions(load=True),
+                    "mpi_library": envreport.mpi_library_version(load=True),
+                    "half_kernels": {"built": built, "detail": kernels},
+                    "backends": {
+                        name: {"available": ok, "detail": why} for name, (ok, why) in envreport.backends().items()
+                    },
+                    "cpus": envreport.cpus(),
+                    "environment": envreport.environment(),
+                },
+                indent=1,
+            )
+        )
     else:
         print(envreport.report())
     return 0

@@ -80,7 +80,8 @@ def _init_mpi(comm: Any, check: bool, timeout: Optional[float], decided: str = "
         log.set_rank(MPI.COMM_WORLD.Get_rank())
         library = " ".join(str(MPI.Get_library_version()).split("\n")[0].split())
         log.info("init: %s", decided)
-        log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s", base.Get_rank(), base.Get_size(),
+        log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s",
+                 base.Get_rank(), base.Get_size(),
                  MPI.Get_processor_name(), "the world" if base == MPI.COMM_WORLD else "a given", library,
                  _mpi4py_version())
         from .transports import host_kernels  # noqa: PLC0415

@@ -137,7 +137,10 @@ def _mpi_status() -> Tuple[bool, str]:
     where = mpiexec_note()
     if config.launched_by_mpi():
         return True, f"yes: started by an MPI launcher; {_first_line(str(MPI.Get_library_version()))}"
-    return True, f"yes ({_first_line(str(MPI.Get_library_version()))}); not started by mpiexec here, so one rank alone; {where}"
+    return (
+        True,
+        f"yes ({_first_line(str(MPI.Get_library_version()))}); not started by mpiexec here, so one rank alone; {where}",
+    )
 
 
 def mpiexec_note() -> str:
@@ -145,10 +148,14 @@ def mpiexec_note() -> str:
     (a venv's mpiexec must match the MPI library mpi4py loads; a cluster's module must not be
     shadowed by a venv's, nor the reverse)."""
     on_path = shutil.which("mpiexec")
-    own = os.path.join(sys.prefix, "bin", "mpiexec")
-    own = own if os.access(own, os.X_OK) else None
+    beside = os.path.join(sys.prefix, "bin", "mpiexec")
+    own = beside if os.access(beside, os.X_OK) else None
     if on_path is None:
-        return f"no mpiexec on PATH (this environment's: {own})" if own else "no mpiexec on PATH (pip install mpich, or load your MPI module)"
+        return (
+            f"no mpiexec on PATH (this environment's: {own})"
+            if own
+            else "no mpiexec on PATH (pip install mpich, or load your MPI module)"
+        )
     if own and os.path.realpath(own) != os.path.realpath(on_path):
         return f"mpiexec on PATH: {on_path}; this environment's is another one: {own}"
     return f"mpiexec on PATH: {on_path}"
@@ -168,8 +175,10 @@ def _torch() -> Tuple[Optional[Any], str]:
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
     except ImportError:
-        return None, ("torch is not installed: pip install 'denseccl[torch]' (for a CPU-only build first: "
-                      "pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+        return None, (
+            "torch is not installed: pip install 'denseccl[torch]' (for a CPU-only build first: "
+            "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+        )
     except Exception as error:  # noqa: BLE001
         return None, f"torch failed to import ({type(error).__name__}: {error})"
     if not dist.is_available():
@@ -254,13 +263,27 @@ def report() -> str:
     lines.append("")
     built, text = half_kernels()
     lines.append("Compiled half kernels (float16/bfloat16 on MPI)")
-    lines.append(textwrap.fill(f"{'yes' if built else 'NO'}: {text}", width=110, initial_indent="  ", subsequent_indent="    ",
-                               break_on_hyphens=False))
+    lines.append(
+        textwrap.fill(
+            f"{'yes' if built else 'NO'}: {text}",
+            width=110,
+            initial_indent="  ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
+    )
     lines.append("")
     lines.append("Backends: can they run here?")
     for name, (ok, why) in backends().items():
-        lines.append(textwrap.fill(why if ok else "no: " + why, width=110, initial_indent=f"  {name:<14} ",
-                                   subsequent_indent=" " * 17, break_on_hyphens=False))
+        lines.append(
+            textwrap.fill(
+                why if ok else "no: " + why,
+                width=110,
+                initial_indent=f"  {name:<14} ",
+                subsequent_indent=" " * 17,
+                break_on_hyphens=False,
+            )
+        )
     lines.append("")
     lines.append("Environment variables")
     variables = environment()
@@ -270,5 +293,16 @@ def report() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["NOT_INSTALLED", "backends", "compress", "cpus", "environment", "half_kernels", "mpi_library_version",
-           "mpiexec_note", "nccl_version", "report", "versions"]
+__all__ = [
+    "NOT_INSTALLED",
+    "backends",
+    "compress",
+    "cpus",
+    "environment",
+    "half_kernels",
+    "mpi_library_version",
+    "mpiexec_note",
+    "nccl_version",
+    "report",
+    "versions",
+]

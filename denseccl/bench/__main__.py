@@ -13,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from . import conventions as cv
 from . import options
@@ -52,7 +52,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = f"{warning.category.__name__}: {warning.message}"
         if text not in seen:
             seen.add(text)
-            print(f"denseccl.bench: warning during the run ({warning.filename}:{warning.lineno}): {text}", file=sys.stderr)
+            where = f"{warning.filename}:{warning.lineno}"
+            print(f"denseccl.bench: warning during the run ({where}): {text}", file=sys.stderr)
     return status
 
 
@@ -87,6 +88,7 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     except ImportError:
         pass
     notes: List[str] = []
+    known: Tuple[str, ...]
     if args.backend == "mpi":
         from .contenders import HOST_CONTENDERS, host_contenders  # noqa: PLC0415
 
@@ -95,7 +97,8 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
         gpu = _gpu_problem()
         if gpu is not None:
             if lead:
-                print(f"denseccl.bench: --backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays", file=sys.stderr)
+                print(f"denseccl.bench: --backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays",
+                      file=sys.stderr)
             job.close()
             return 2
         from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
@@ -121,7 +124,8 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     sizes = plan.sizes
     say("# denseccl.bench: nccl-tests-style collectives on dense layouts")
     say(f"#  nranks {job.size}  backend {args.backend}  agreement {args.agreement}  iters {args.iters}"
-        f"  warmup_iters {args.warmup_iters}  check {args.check}  average {args.average} ({options.AVERAGES[args.average]})"
+        f"  warmup_iters {args.warmup_iters}  check {args.check}"
+        f"  average {args.average} ({options.AVERAGES[args.average]})"
         f"  rounds {args.rounds} (median round; contenders alternate)")
     for line in meta.header_lines(info, found_versions, plan.pin):
         say(line)

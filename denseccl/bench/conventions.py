@@ -123,7 +123,8 @@ def dtype_name(text: str) -> str:
     """A dtype given as numpy or nccl-tests name -> the numpy-style name."""
     name = _TYPE_ALIASES.get(text.strip().lower())
     if name is None:
-        raise ValueError(f"unknown type {text!r}; use one of {', '.join(TYPE_NAMES)} (or nccl-tests names: float, half, double, ...)")
+        raise ValueError(f"unknown type {text!r}; use one of {', '.join(TYPE_NAMES)} "
+                         "(or nccl-tests names: float, half, double, ...)")
     return name
 
 

@@ -25,7 +25,8 @@ def pin(spec: Optional[str]) -> Optional[str]:
         return "--pin needs os.sched_setaffinity (Linux)"
     local = config.local_rank()
     if local is None and spec.strip().lower() == "core":
-        return "--pin core needs the rank's local rank (MPI_LOCALRANKID, OMPI_COMM_WORLD_LOCAL_RANK, ...): start it with mpiexec"
+        return ("--pin core needs the rank's local rank (MPI_LOCALRANKID, OMPI_COMM_WORLD_LOCAL_RANK, ...): "
+                "start it with mpiexec")
     try:
         os.sched_setaffinity(0, pin_cpus(spec, usable, local or 0))
     except (ValueError, OSError) as error:

@@ -38,7 +38,9 @@ def size_label(nbytes: int) -> str:
 
 def round_spread(row: Mapping[str, Any], nranks: int) -> Tuple[float, float]:
     """(slowest, fastest) busbw over the row's rounds; the row's own value when it has none."""
-    values = [bandwidths(row["collective"], row["size"], t * 1e-6, nranks)[1] for t in row.get("rounds_us") or [] if t > 0]
+    values = [
+        bandwidths(row["collective"], row["size"], t * 1e-6, nranks)[1] for t in row.get("rounds_us") or [] if t > 0
+    ]
     if not values:
         return row["busbw"], row["busbw"]
     return min(values), max(values)
@@ -87,8 +89,16 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, title: str, *, nranks: in
             below = [max(m - lo, 0.0) for m, (lo, _) in zip(middle, spread)]
             above = [max(hi - m, 0.0) for m, (_, hi) in zip(middle, spread)]
             ax.errorbar(
-                [r["size"] for r in points], middle, yerr=[below, above], fmt=_STYLES.get(layout, "-"), marker="o",
-                markersize=3, capsize=2, elinewidth=0.8, color=colours[contender], label=f"{contender} / {layout}",
+                [r["size"] for r in points],
+                middle,
+                yerr=[below, above],
+                fmt=_STYLES.get(layout, "-"),
+                marker="o",
+                markersize=3,
+                capsize=2,
+                elinewidth=0.8,
+                color=colours[contender],
+                label=f"{contender} / {layout}",
             )
         ax.set_xscale("log", base=2)
         if logy:
@@ -102,7 +112,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, title: str, *, nranks: in
         ax.set_title(f"{NCCL_TESTS_NAMES[collective]} {TYPE_NAMES.get(dtype, dtype)} {op or ''}".strip())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the lines, not over them
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     figure.suptitle(title + ("" if not any(r.get("rounds_us") for r in rows) else "; bars: slowest to fastest round"))
     figure.tight_layout()

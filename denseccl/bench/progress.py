@@ -14,7 +14,9 @@ from typing import Callable, Optional, TextIO
 
 
 class Progress:
-    def __init__(self, every: float, stream: Optional[TextIO] = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, every: float, stream: Optional[TextIO] = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.every = every
         self.stream = stream if stream is not None else sys.stderr
         self.clock = clock

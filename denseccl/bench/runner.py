@@ -90,7 +90,8 @@ def _key(row: Row) -> Tuple[str, str, str]:
     return (row["type"], row["layout"], row["contender"])
 
 
-def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], settings: Settings, itemsizes: Dict[str, int]) -> List[Row]:
+def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], settings: Settings,
+              itemsizes: Dict[str, int]) -> List[Row]:
     """Rows for cases that differ only in element type and layout (one collective, op and
     size): every contender is verified on every case, then all of them are timed together in
     alternating rounds, so that any two rows of the group can be compared round by round."""
@@ -159,11 +160,12 @@ def run_all(job: Job, contenders: Sequence[Contender], settings: Settings, items
             for number, size in enumerate(settings.sizes):
                 settings.progress.enter(f"{NCCL_TESTS_NAMES[collective]} {op or ''} {size} B (size {number + 1}/"
                                         f"{len(settings.sizes)})".replace("  ", " "))
-                group = []
+                group: List[Case] = []
                 for dtype in settings.dtypes:
                     count = count_for(collective, size, itemsizes[dtype], job.size)
                     if count:
-                        group.extend(Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank) for layout in settings.layouts)
+                        group.extend(Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank)
+                                     for layout in settings.layouts)
                 for row in run_group(job, group, contenders, settings, itemsizes):
                     rows.append(row)
                     emit("row", row)

@@ -101,7 +101,8 @@ def average_busbw(rows: Iterable[Mapping[str, Any]]) -> "Tuple[OrderedDict[str, 
     common = set.intersection(*(set(cases) for cases in measured.values()))
     if not common:
         return OrderedDict(), 0
-    return OrderedDict((name, sum(cases[k] for k in common) / len(common)) for name, cases in measured.items()), len(common)
+    means = OrderedDict((name, sum(cases[k] for k in common) / len(common)) for name, cases in measured.items())
+    return means, len(common)
 
 
 def by_layout(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Tuple[int, Dict[str, float]]]":
@@ -117,7 +118,8 @@ def by_layout(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Tuple[int,
         present = {name: cases for name, cases in present.items() if cases}
         common = set.intersection(*(set(cases) for cases in present.values()))
         if common:
-            found[layout] = (len(common), {name: sum(c[k] for k in common) / len(common) for name, c in present.items()})
+            means = {name: sum(c[k] for k in common) / len(common) for name, c in present.items()}
+            found[layout] = (len(common), means)
     return found
 
 
@@ -143,7 +145,8 @@ def footer(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     if len(contenders) > 1 and layouts:
         width = max(len(name) for name in contenders)
         lines.append("# Avg bus bandwidth (GB/s) per layout, over the cases every contender in that layout ran:")
-        lines.append("#   " + "layout".ljust(14) + "cases".rjust(6) + "".join(name.rjust(width + 2) for name in contenders))
+        names = "".join(name.rjust(width + 2) for name in contenders)
+        lines.append("#   " + "layout".ljust(14) + "cases".rjust(6) + names)
         for layout, (cases, values) in layouts.items():
             cells = "".join((f"{values[name]:.3g}" if name in values else "-").rjust(width + 2) for name in contenders)
             lines.append("#   " + layout.ljust(14) + str(cases).rjust(6) + cells)

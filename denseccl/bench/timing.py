@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from .contenders import Run
 from .job import Job
@@ -41,12 +41,15 @@ def time_once(job: Job, run: Run, iterations: int, warmup: int, average: int = 1
     return combine(job, elapsed, average)
 
 
-def rounds(job: Job, runs: Sequence[Tuple[str, Run]], iterations: int, warmup: int, count: int, average: int = 1,
-           tick: Optional[Callable[[str], None]] = None) -> Dict[str, List[float]]:
+Key = TypeVar("Key", bound=Hashable)
+
+
+def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: int, count: int, average: int = 1,
+           tick: Optional[Callable[[str], None]] = None) -> Dict[Key, List[float]]:
     """Per contender, the seconds per iteration of each round (combined over ranks). Round ``k``
     starts with contender ``k mod len(runs)`` so that no contender always goes first. ``tick``
     hears where the timing is (for progress lines)."""
-    found: Dict[str, List[float]] = {name: [] for name, _ in runs}
+    found: Dict[Key, List[float]] = {name: [] for name, _ in runs}
     for k in range(count):
         for i in range(len(runs)):
             name, run = runs[(k + i) % len(runs)]

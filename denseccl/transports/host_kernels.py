@@ -100,7 +100,7 @@ def host_view(pointer: int, count: int, dtype: DType) -> np.ndarray:
     if count == 0:
         return np.empty(0, storage_dtype(dtype))
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
-    return np.frombuffer(raw, storage_dtype(dtype))
+    return np.frombuffer(raw, storage_dtype(dtype))  # type: ignore[call-overload]  # ctypes arrays are buffers
 
 
 class _Scratch(threading.local):
@@ -318,4 +318,7 @@ def is_half(dtype: DType) -> bool:
     return dtype.name in _HALVES
 
 
-__all__: Tuple[str, ...] = ("HalfKernelsWarning", "MISSING_NATIVE", "host_view", "native_available", "half_reduction", "scale", "divide", "scaled_copy", "is_half", "storage_dtype")
+__all__: Tuple[str, ...] = (
+    "HalfKernelsWarning", "MISSING_NATIVE", "host_view", "native_available", "half_reduction", "scale", "divide",
+    "scaled_copy", "is_half", "storage_dtype",
+)

@@ -25,10 +25,37 @@ RANKS = Path(__file__).parent / "ranks"
 def test_bench_cli_rows_are_all_right(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = run_ranks(
-        2, RANKS / "bench_cli.py",
-        ["--collective", "all", "-d", "float,half,int32", "-o", "sum,avg", "-b", "1K", "-e", "16K", "-f", "16", "-n", "2",
-         "-w", "1", "--rounds", "2", "--layouts", "all", "--agreement", "on,off", "--contenders", "denseccl,mpi4py,naive",
-         "--memcheck", "--json", str(out)],
+        2,
+        RANKS / "bench_cli.py",
+        [
+            "--collective",
+            "all",
+            "-d",
+            "float,half,int32",
+            "-o",
+            "sum,avg",
+            "-b",
+            "1K",
+            "-e",
+            "16K",
+            "-f",
+            "16",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--rounds",
+            "2",
+            "--layouts",
+            "all",
+            "--agreement",
+            "on,off",
+            "--contenders",
+            "denseccl,mpi4py,naive",
+            "--memcheck",
+            "--json",
+            str(out),
+        ],
         timeout=240,
     )
     assert "Avg bus bandwidth" in done.stdout and "Out of bounds values : 0 OK" in done.stdout
@@ -61,8 +88,22 @@ def test_bench_cli_rejects_bad_options() -> None:
     assert "--collective" in done.stderr  # -c is nccl-tests' check count, and the message says where the selector went
 
 
-SMALL = ["-b", "4K", "-e", "4K", "-n", "2", "-w", "1", "--rounds", "1", "--layouts", "contiguous,channels_last",
-         "--contenders", "denseccl"]
+SMALL = [
+    "-b",
+    "4K",
+    "-e",
+    "4K",
+    "-n",
+    "2",
+    "-w",
+    "1",
+    "--rounds",
+    "1",
+    "--layouts",
+    "contiguous,channels_last",
+    "--contenders",
+    "denseccl",
+]
 
 
 def test_check_zero_skips_the_check(tmp_path: Path) -> None:
@@ -74,8 +115,14 @@ def test_check_zero_skips_the_check(tmp_path: Path) -> None:
 
 
 def test_missing_plot_library_stops_the_run_before_it_starts(tmp_path: Path) -> None:
-    done = run_ranks(2, RANKS / "bench_cli.py", [*SMALL, "--plot", str(tmp_path / "x.png")], env={"BENCH_HIDE": "matplotlib"},
-                     expect_failure=True, timeout=120)
+    done = run_ranks(
+        2,
+        RANKS / "bench_cli.py",
+        [*SMALL, "--plot", str(tmp_path / "x.png")],
+        env={"BENCH_HIDE": "matplotlib"},
+        expect_failure=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "needs matplotlib" in done.stderr and "nothing was run" in done.stderr
     assert "all_reduce" not in done.stdout and not (tmp_path / "x.png").exists()
 
@@ -108,8 +155,9 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
     environment: Dict[str, str] = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     command = [mpiexec(), "-n", "2", sys.executable, str(RANKS / "bench_cli.py"), *args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
+    )
     lines: List[Tuple[float, str, bool]] = []
     start = time.monotonic()
     try:
@@ -128,9 +176,29 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
 
 def test_rows_stream_as_they_complete_and_progress_goes_to_stderr() -> None:
     """The 4 KiB row must reach the reader while the 16 MiB size is still being timed."""
-    lines, stderr, status = _stream(["-b", "4K", "-e", "16M", "-f", "4096", "-n", "20", "-w", "1", "--rounds", "3",
-                                     "--layouts", "contiguous,channels_last", "--contenders", "denseccl",
-                                     "--progress", "0.2"], timeout=200)
+    lines, stderr, status = _stream(
+        [
+            "-b",
+            "4K",
+            "-e",
+            "16M",
+            "-f",
+            "4096",
+            "-n",
+            "20",
+            "-w",
+            "1",
+            "--rounds",
+            "3",
+            "--layouts",
+            "contiguous,channels_last",
+            "--contenders",
+            "denseccl",
+            "--progress",
+            "0.2",
+        ],
+        timeout=200,
+    )
     assert status == 0, stderr
     first = next((when, alive) for when, line, alive in lines if line.split()[:1] == ["4096"])
     last = next(when for when, line, _ in lines if line.split()[:1] == ["16777216"])

@@ -15,8 +15,16 @@ from denseccl.layout import stacked
 
 @pytest.mark.parametrize(
     "collective, n, factor",
-    [("allreduce", 2, 1.0), ("allreduce", 4, 1.5), ("allreduce", 8, 1.75), ("reduce_scatter", 4, 0.75),
-     ("allgather", 8, 0.875), ("broadcast", 8, 1.0), ("reduce", 4, 1.0), ("allreduce", 1, 0.0)],
+    [
+        ("allreduce", 2, 1.0),
+        ("allreduce", 4, 1.5),
+        ("allreduce", 8, 1.75),
+        ("reduce_scatter", 4, 0.75),
+        ("allgather", 8, 0.875),
+        ("broadcast", 8, 1.0),
+        ("reduce", 4, 1.0),
+        ("allreduce", 1, 0.0),
+    ],
 )
 def test_bus_factors_are_nccl_tests(collective: str, n: int, factor: float) -> None:
     assert cv.bus_factor(collective, n) == pytest.approx(factor)
@@ -68,19 +76,68 @@ def _args(*argv: str):  # type: ignore[no-untyped-def]
 def test_flags_mean_what_they_mean_in_nccl_tests() -> None:
     args = _args()
     # nccl-tests' defaults: one 32 MiB size, 5 warm-up and 20 timed iterations, check on, mean time
-    assert (args.minbytes, args.maxbytes, args.warmup_iters, args.iters, args.check, args.average) == ("32M", "32M", 5, 20, 1, 1)
+    assert (args.minbytes, args.maxbytes, args.warmup_iters, args.iters, args.check, args.average) == (
+        "32M",
+        "32M",
+        5,
+        20,
+        1,
+        1,
+    )
     plan = options.plan(args)
     assert plan.sizes == [32 << 20] and plan.collectives == ["allreduce"] and plan.dtypes == ["float32"]
     assert plan.ops == ["sum"] and plan.agreement == [True] and plan.layouts == list(cv.LAYOUTS)
-    args = _args("-b", "1.5M", "-e", "6M", "-f", "2", "-c", "0", "-o", "all", "-d", "half,bf16", "-r", "1", "-a", "3",
-                 "-n", "7", "-w", "2", "--collective", "all_gather,reduce_scatter", "--agreement", "off,on")
+    args = _args(
+        "-b",
+        "1.5M",
+        "-e",
+        "6M",
+        "-f",
+        "2",
+        "-c",
+        "0",
+        "-o",
+        "all",
+        "-d",
+        "half,bf16",
+        "-r",
+        "1",
+        "-a",
+        "3",
+        "-n",
+        "7",
+        "-w",
+        "2",
+        "--collective",
+        "all_gather,reduce_scatter",
+        "--agreement",
+        "off,on",
+    )
     plan = options.plan(args)
     assert plan.sizes == [1572864, 3145728, 6291456] and args.check == 0 and args.average == 3
     assert plan.ops == list(cv.OPS) and plan.dtypes == ["float16", "bfloat16"] and args.root == 1
     assert plan.collectives == ["allgather", "reduce_scatter"] and plan.agreement == [False, True]
     assert (args.iters, args.warmup_iters) == (7, 2)
-    long_names = _args("--minbytes", "4K", "--maxbytes", "8K", "--stepfactor", "2", "--check", "3", "--op", "max",
-                       "--datatype", "int32", "--iters", "4", "--warmup_iters", "0", "--average", "0")
+    long_names = _args(
+        "--minbytes",
+        "4K",
+        "--maxbytes",
+        "8K",
+        "--stepfactor",
+        "2",
+        "--check",
+        "3",
+        "--op",
+        "max",
+        "--datatype",
+        "int32",
+        "--iters",
+        "4",
+        "--warmup_iters",
+        "0",
+        "--average",
+        "0",
+    )
     assert options.plan(long_names).sizes == [4096, 8192] and long_names.check == 3
 
 
@@ -107,8 +164,16 @@ def test_pin_cpus() -> None:
 
 def test_names_accept_nccl_tests_spellings() -> None:
     assert cv.expand("all", cv.COLLECTIVES, cv.collective_name) == list(cv.COLLECTIVES)
-    assert cv.expand("all_reduce,reducescatter,allreduce", cv.COLLECTIVES, cv.collective_name) == ["allreduce", "reduce_scatter"]
-    assert cv.expand("float,half,bf16,double", tuple(cv.TYPE_NAMES), cv.dtype_name) == ["float32", "float16", "bfloat16", "float64"]
+    assert cv.expand("all_reduce,reducescatter,allreduce", cv.COLLECTIVES, cv.collective_name) == [
+        "allreduce",
+        "reduce_scatter",
+    ]
+    assert cv.expand("float,half,bf16,double", tuple(cv.TYPE_NAMES), cv.dtype_name) == [
+        "float32",
+        "float16",
+        "bfloat16",
+        "float64",
+    ]
     with pytest.raises(ValueError):
         cv.expand("alltoall", cv.COLLECTIVES, cv.collective_name)
     with pytest.raises(ValueError):
@@ -169,8 +234,20 @@ def test_count_wrong() -> None:
 
 
 def row(**changes):  # type: ignore[no-untyped-def]
-    base = dict(collective="allreduce", size=4096, count=1024, type="float32", redop="sum", root=-1,
-                layout="channels_last", contender="denseccl", time_us=12.345, algbw=0.33, busbw=0.33, wrong=0)
+    base = dict(
+        collective="allreduce",
+        size=4096,
+        count=1024,
+        type="float32",
+        redop="sum",
+        root=-1,
+        layout="channels_last",
+        contender="denseccl",
+        time_us=12.345,
+        algbw=0.33,
+        busbw=0.33,
+        wrong=0,
+    )
     base.update(changes)
     return base
 
@@ -186,7 +263,11 @@ def test_table_columns_line_up() -> None:
     assert cells == ["4096", "1024", "float", "sum", "-1", "channels_last", "denseccl", "12.35", "0.33", "0.33", "0"]
     assert table.format_row(row(redop=None)).split()[3] == "none"
     # nccl-tests' time format: %7.2f, %7.1f from 100 us, %7.0f from 10 ms
-    assert [table.format_row(row(time_us=t)).split()[7] for t in (99.994, 123.45, 12345.6)] == ["99.99", "123.5", "12346"]
+    assert [table.format_row(row(time_us=t)).split()[7] for t in (99.994, 123.45, 12345.6)] == [
+        "99.99",
+        "123.5",
+        "12346",
+    ]
     assert table.format_row(row(wrong=None)).split()[-1] == "N/A"  # -c 0: not checked
     memory = table.format_row(row(peak_bytes=2048), memcheck=True)
     assert memory.split()[-1] == "2048" and len(memory) == len(table.header(memcheck=True)[0])
@@ -224,7 +305,14 @@ def test_footer_compares_contenders_on_the_same_rows_per_layout() -> None:
 
 
 def test_plot_helpers() -> None:
-    assert [plot.size_label(n) for n in (4096, 1 << 20, 256 << 20, 1 << 30, 1536, 100)] == ["4K", "1M", "256M", "1G", "1536", "100"]
+    assert [plot.size_label(n) for n in (4096, 1 << 20, 256 << 20, 1 << 30, 1536, 100)] == [
+        "4K",
+        "1M",
+        "256M",
+        "1G",
+        "1536",
+        "100",
+    ]
     sizes = [4096 << (2 * i) for i in range(10)]  # 4K .. 1G
     assert plot.ticks(sizes) == sizes
     many = [1 << i for i in range(3, 31)]  # 8 B .. 1G, 28 sizes
@@ -237,7 +325,10 @@ def test_plot_helpers() -> None:
 
 def test_plot_draws_error_bars_and_log_y(tmp_path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("matplotlib")
-    rows = [row(size=s, busbw=b, rounds_us=[s / 1e3 / b * f for f in (0.9, 1.0, 1.2)]) for s, b in ((4096, 0.5), (1 << 20, 5.0))]
+    rows = [
+        row(size=s, busbw=b, rounds_us=[s / 1e3 / b * f for f in (0.9, 1.0, 1.2)])
+        for s, b in ((4096, 0.5), (1 << 20, 5.0))
+    ]
     out = tmp_path / "busbw.png"
     plot.plot(rows, str(out), "test", nranks=2, logy=True)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -17,12 +17,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(args: list, env: Optional[Dict[str, str]] = None, python: Optional[list] = None) -> subprocess.CompletedProcess:
+def _run(
+    args: list, env: Optional[Dict[str, str]] = None, python: Optional[list] = None
+) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("DENSECCL_", "NCCL_", "PMI_", "OMPI_"))}
     environment["PYTHONPATH"] = str(ROOT)
     environment.update(env or {})
-    return subprocess.run([*(python or [sys.executable]), *args], capture_output=True, text=True, env=environment,
-                          timeout=120, cwd=str(ROOT))
+    return subprocess.run(
+        [*(python or [sys.executable]), *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+        cwd=str(ROOT),
+    )
 
 
 def test_report_names_versions_kernels_backends_and_variables() -> None:
@@ -32,7 +40,13 @@ def test_report_names_versions_kernels_backends_and_variables() -> None:
     import denseccl
 
     assert f"denseccl      {denseccl.__version__}" in out and f"numpy         {np.__version__}" in out
-    for section in ("Versions", "MPI library (MPI.Get_library_version())", "Compiled half kernels", "Backends", "Environment variables"):
+    for section in (
+        "Versions",
+        "MPI library (MPI.Get_library_version())",
+        "Compiled half kernels",
+        "Backends",
+        "Environment variables",
+    ):
         assert section in out, section
     for backend in ("mpi ", "nccl ", "torch backend ", "gloo engine "):
         assert f"\n  {backend}" in out, backend
@@ -48,8 +62,13 @@ def test_report_names_versions_kernels_backends_and_variables() -> None:
 
 
 def test_report_as_json_does_not_start_mpi() -> None:
-    done = _run(["-c", "import json, sys; from denseccl.__main__ import main; main(['--json']); "
-                 "from mpi4py import MPI; print(json.dumps(MPI.Is_initialized()))"])
+    done = _run(
+        [
+            "-c",
+            "import json, sys; from denseccl.__main__ import main; main(['--json']); "
+            "from mpi4py import MPI; print(json.dumps(MPI.Is_initialized()))",
+        ]
+    )
     if "No module named 'mpi4py'" in done.stderr:
         pytest.skip("mpi4py is not installed")
     assert done.returncode == 0, done.stderr
