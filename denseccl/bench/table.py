@@ -142,7 +142,7 @@ def footer(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     elif len(contenders) > 1:
         lines.append("# Avg bus bandwidth    : no case ran for every contender; compared per layout below")
     layouts = by_layout(rows)
-    if len(contenders) > 1 and layouts:
+    if len(contenders) > 1 and layouts and (len(layouts) > 1 or not averages):
         width = max(len(name) for name in contenders)
         lines.append("# Avg bus bandwidth (GB/s) per layout, over the cases every contender in that layout ran:")
         names = "".join(name.rjust(width + 2) for name in contenders)

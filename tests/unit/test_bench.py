@@ -280,6 +280,7 @@ def test_footer() -> None:
     # the same rows for every contender: naive has no 8 KiB row, so denseccl's 3.0 is left out
     assert "# Avg bus bandwidth    : 1  (denseccl)" in lines
     assert "# Avg bus bandwidth    : 0.5  (naive)" in lines
+    assert not any("per layout" in line for line in lines)  # one layout: the lines above say it all
     assert table.footer([row()])[0].endswith("0 OK")
     assert table.footer([row(wrong=None)])[0] == "# Out of bounds values : N/A OK"
 
