@@ -51,73 +51,75 @@ def init(
     seconds (or a ``datetime.timedelta``) a rank waits for its peers before
     :class:`CollectiveTimeoutError` (default ``DENSECCL_TIMEOUT``, else 300; 0 waits forever).
     """
-    _name_rank_in_log()
-    source = "argument" if backend else "DENSECCL_BACKEND" if config.settings().backend else "default"
+    given = backend
     backend = (backend or config.settings().backend or _default_backend()).lower()
     checking = _check_policy(check)
     seconds = config.timeout(timeout)
-    decided = (f"backend {backend} (from the {source}), agreement check {'always' if checking else 'off'}"
-               f" (from {'the argument' if check is not None else 'DENSECCL_CHECK or the default'}), timeout "
-               f"{'none' if seconds is None else f'{seconds:g} s'}")
+    _log_decisions(given, backend, check, checking, seconds)
     if backend == "mpi":
         if options:
             raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
-        return _init_mpi(comm, checking, seconds, decided)
+        return _init_mpi(comm, checking, seconds)
     if backend == "nccl":
         from .nccl_bootstrap import init_nccl  # noqa: PLC0415 - needs cupy
 
-        log.info("init: %s", decided)
         return init_nccl(comm=comm, check=checking, timeout=seconds, **options)
     raise DenseCCLError(f"unknown backend {backend!r}: use 'mpi' (host arrays) or 'nccl' (device arrays)")
 
 
-def _init_mpi(comm: Any, check: bool, timeout: Optional[float], decided: str = "") -> Communicator:
+def _init_mpi(comm: Any, check: bool, timeout: Optional[float]) -> Communicator:
     MPI = _import_mpi()
     from .transports.mpi import MPIControl, MPITransport  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
-    if log.logger.isEnabledFor(logging.INFO):
-        log.set_rank(MPI.COMM_WORLD.Get_rank())
-        library = " ".join(str(MPI.Get_library_version()).split("\n")[0].split())
-        log.info("init: %s", decided)
-        log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s",
-                 base.Get_rank(), base.Get_size(),
-                 MPI.Get_processor_name(), "the world" if base == MPI.COMM_WORLD else "a given", library,
-                 _mpi4py_version())
-        from .transports import host_kernels  # noqa: PLC0415
-
-        log.info("init: float16/bfloat16 reductions on %s kernels (DENSECCL_HOST_KERNELS=%s)",
-                 "the compiled" if host_kernels.native_available() else "torch's or NumPy's (compiled ones not built)",
-                 config.settings().host_kernels)
+    _log_mpi(MPI, base)
     return Communicator(MPITransport(base.Dup()), MPIControl(base.Dup()), check=check, timeout=timeout)
-
-
-def _name_rank_in_log() -> None:
-    """Give log lines the launcher's rank before any communicator exists."""
-    if not log.logger.isEnabledFor(logging.INFO):
-        return
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
-        raw = os.environ.get(name, "")
-        if raw.isdigit():
-            log.set_rank(int(raw))
-            return
-
-
-def _mpi4py_version() -> str:
-    import mpi4py  # noqa: PLC0415
-
-    return str(mpi4py.__version__)
 
 
 def _default_backend() -> str:
     """NCCL when a GPU and NCCL are usable here, else MPI."""
     try:
-        from .nccl_bootstrap import nccl_missing  # noqa: PLC0415
+        from .nccl_bootstrap import nccl_usable  # noqa: PLC0415
     except ImportError:
         return "mpi"
-    problem = nccl_missing()
-    if problem is None:
-        log.info("init: no backend asked for; NCCL and a GPU are usable here: nccl")
-        return "nccl"
-    log.info("init: no backend asked for; mpi, because %s", problem)
-    return "mpi"
+    return "nccl" if nccl_usable() else "mpi"
+
+
+# -- DENSECCL_DEBUG=INFO: what the bootstrap decided, and why --------------------------------------
+
+
+def _log_decisions(given: Optional[str], backend: str, check: Any, checking: bool, seconds: Optional[float]) -> None:
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):  # the rank, before a communicator says
+        if os.environ.get(name, "").isdigit():
+            log.set_rank(int(os.environ[name]))
+            break
+    source = "the argument" if given else "DENSECCL_BACKEND" if config.settings().backend else "the default"
+    if source == "the default" and backend != "nccl":
+        try:
+            from .nccl_bootstrap import nccl_missing  # noqa: PLC0415
+
+            source += f" (not nccl: {nccl_missing()})"
+        except ImportError:
+            pass
+    log.info("init: backend %s, from %s", backend, source)
+    log.info("init: agreement check %s (from %s), timeout %s", "always" if checking else "off",
+             "the argument" if check is not None else "DENSECCL_CHECK or the default",
+             "none" if seconds is None else f"{seconds:g} s")
+
+
+def _log_mpi(MPI: Any, base: Any) -> None:  # noqa: N803 - the module's own name
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    import mpi4py  # noqa: PLC0415
+
+    from .transports import host_kernels  # noqa: PLC0415
+
+    log.set_rank(MPI.COMM_WORLD.Get_rank())
+    library = " ".join(str(MPI.Get_library_version()).splitlines()[0].split())
+    log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s", base.Get_rank(), base.Get_size(),
+             MPI.Get_processor_name(), "the world" if base == MPI.COMM_WORLD else "a given", library, mpi4py.__version__)
+    log.info("init: float16/bfloat16 reductions on %s kernels (DENSECCL_HOST_KERNELS=%s)",
+             "the compiled" if host_kernels.native_available() else "torch's or NumPy's (compiled ones not built)",
+             config.settings().host_kernels)

@@ -19,7 +19,8 @@ def test_info_names_bootstrap_decisions_on_every_rank() -> None:
     for rank in (0, 1):
         lines = [line for line in done.stderr.splitlines() if line.startswith(f"[denseccl rank {rank} ")]
         text = "\n".join(lines)
-        assert "INFO init: backend mpi (from the argument), agreement check always" in text, done.stderr
+        assert "INFO init: backend mpi, from the argument" in text, done.stderr
+        assert "INFO init: agreement check always (from DENSECCL_CHECK or the default), timeout 60 s" in text
         assert f"INFO init: mpi: rank {rank} of 2 on host " in text, done.stderr
         assert "float16/bfloat16 reductions on " in text, done.stderr
 
