@@ -118,8 +118,9 @@ def _log_mpi(MPI: Any, base: Any) -> None:  # noqa: N803 - the module's own name
 
     log.set_rank(MPI.COMM_WORLD.Get_rank())
     library = " ".join(str(MPI.Get_library_version()).splitlines()[0].split())
+    which = "the world" if base == MPI.COMM_WORLD else "a given"
     log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s", base.Get_rank(), base.Get_size(),
-             MPI.Get_processor_name(), "the world" if base == MPI.COMM_WORLD else "a given", library, mpi4py.__version__)
+             MPI.Get_processor_name(), which, library, mpi4py.__version__)
     log.info("init: float16/bfloat16 reductions on %s kernels (DENSECCL_HOST_KERNELS=%s)",
              "the compiled" if host_kernels.native_available() else "torch's or NumPy's (compiled ones not built)",
              config.settings().host_kernels)
