@@ -26,6 +26,8 @@ def test_bench_runs_across_hosts(simhosts: SimHosts, hosts: int, per_host: int) 
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert data["meta"]["nranks"] == hosts * per_host
+    assert (data["meta"].get("hosts"), data["meta"].get("ranks_per_host")) == (hosts, per_host), data["meta"]
+    assert f"#  hosts {hosts} (" in done.stdout
     assert rows and all(row.get("error") is None and row["wrong"] == 0 for row in rows), rows
     ran = {row["contender"] for row in rows}
     missing = set(contenders.split(",")) - ran
