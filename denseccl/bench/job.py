@@ -55,7 +55,9 @@ class Job:
             one_host = len(set(hosts)) == 1
             address = "127.0.0.1" if one_host else hosts[0]
             wait = datetime.timedelta(seconds=120)
-            store = dist.TCPStore(address, 0, self.size, is_master=True, timeout=wait, wait_for_workers=False) if self.rank == 0 else None
+            store = None
+            if self.rank == 0:
+                store = dist.TCPStore(address, 0, self.size, is_master=True, timeout=wait, wait_for_workers=False)
             port = self.world.bcast(store.port if store is not None else None, root=0)
             if store is None:
                 store = dist.TCPStore(address, port, self.size, is_master=False, timeout=wait)

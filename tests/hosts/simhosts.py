@@ -40,6 +40,8 @@ RSH = Path(__file__).with_name("rsh")
 #: TEST-NET-1 (RFC 5737): reserved for documentation, so it can never name a real peer
 SUBNET = "192.0.2.{}"
 HEAD_ADDRESS = SUBNET.format(254)
+#: a host's own namespaces: network, hostname, System V IPC, mounts, process ids
+HOST_NAMESPACES = ("--net", "--uts", "--ipc", "--mount", "--pid")
 #: where the hosts' shared directories go (/tmp is private to each host)
 SHARED_PARENT, SHARED_PREFIX = "/var/tmp", "denseccl-simhosts-"
 
@@ -55,7 +57,8 @@ def unavailable() -> Optional[str]:
         capture_output=True, text=True, timeout=30,
     )
     if probe.returncode != 0:
-        return f"namespaces are not permitted here (unshare --net --pid --mount ... as uid {os.geteuid()}): {probe.stderr.strip()}"
+        return (f"namespaces are not permitted here (unshare --net --pid --mount ... as uid {os.geteuid()}): "
+                f"{probe.stderr.strip()}")
     return None
 
 
@@ -80,7 +83,8 @@ class JobResult:
     outputs: Dict[int, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        return f"{' '.join(self.command)} exited with {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+        command = " ".join(self.command)
+        return f"{command} exited with {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
 
 
 class SimHosts:
@@ -124,7 +128,7 @@ class SimHosts:
         for i, name in enumerate(self.names):
             self.hosts.append(self._spawn(
                 name, SUBNET.format(i + 1),
-                ["--net", "--uts", "--ipc", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"],
+                [*HOST_NAMESPACES, "--fork", "--kill-child", "--mount-proc", "--propagation", "private"],
                 f"hostname {name} && mount --bind {shlex.quote(str(hosts_file))} /etc/hosts && {self._private_tmp()}",
             ))
         for node in (self.head, *self.hosts):
@@ -165,14 +169,16 @@ class SimHosts:
     def _wait_ready(node: Node) -> None:
         line = node.holder.stdout.readline() if node.holder.stdout else ""
         if line.strip() != "ready":
-            raise RuntimeError(f"simulated host {node.name} did not start: {line}{node.holder.stderr.read() if node.holder.stderr else ''}")
+            error = node.holder.stderr.read() if node.holder.stderr else ""
+            raise RuntimeError(f"simulated host {node.name} did not start: {line}{error}")
         node.pid = node.holder.pid
         children = Path(f"/proc/{node.holder.pid}/task/{node.holder.pid}/children")
         if children.exists() and children.read_text().split():  # with --fork, init is unshare's child
             node.pid = int(children.read_text().split()[0])
 
     def _ip(self, node: Node, *args: str) -> None:
-        subprocess.run(["nsenter", "-t", str(node.pid), "--net", "ip", *args], check=True, capture_output=True, text=True, timeout=30)
+        command = ["nsenter", "-t", str(node.pid), "--net", "ip", *args]
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
 
     def close(self) -> None:
         """Remove everything: each init sees end of file on its stdin and exits, which kills
@@ -215,8 +221,8 @@ class SimHosts:
         """Run ``argv`` on one host ("head" or a host name), as ssh would."""
         node = self.head if host == "head" else self.hosts[self.names.index(host)]
         assert node is not None
-        command = ["nsenter", "-t", str(node.pid), "--net", "--uts", "--mount", *(["--ipc", "--pid"] if node is not self.head else []),
-                   f"--wd={ROOT}", *argv]
+        kinds = ["--net", "--uts", "--mount"] if node is self.head else list(HOST_NAMESPACES)
+        command = ["nsenter", "-t", str(node.pid), *kinds, f"--wd={ROOT}", *argv]
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=self.environment())
 
     def mpiexec(
@@ -243,9 +249,11 @@ class SimHosts:
         flavour = ranks.flavour(mpiexec[0])
         placement = self._placement(flavour, names, per_host, hostfile)
         if flavour == "openmpi":
-            command = [*mpiexec, *placement, "-n", str(hosts * per_host), "--tag-output", "--mca", "plm_rsh_agent", str(RSH)]
+            command = [*mpiexec, *placement, "-n", str(hosts * per_host), "--tag-output",
+                       "--mca", "plm_rsh_agent", str(RSH)]
         else:
-            command = [*mpiexec, "-launcher", "ssh", "-launcher-exec", str(RSH), *placement, "-n", str(hosts * per_host), "-prepend-rank"]
+            command = [*mpiexec, "-launcher", "ssh", "-launcher-exec", str(RSH), *placement,
+                       "-n", str(hosts * per_host), "-prepend-rank"]
         command += [sys.executable, *argv]
         environment = self.environment(ranks.launch(mpiexec[0], hosts * per_host)[1])
         environment.update(env or {})
@@ -287,13 +295,14 @@ class SimHosts:
         ``/dev/shm``: each job starts on clean hosts."""
         inits = {_namespace(h.pid, "pid"): h.pid for h in self.hosts}
         for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and int(entry.name) not in inits.values() and _namespace(int(entry.name), "pid") in inits:
-                _kill(int(entry.name))
+            pid = int(entry.name) if entry.name.isdigit() else 0
+            if pid and pid not in inits.values() and _namespace(pid, "pid") in inits:
+                _kill(pid)
         for host in self.hosts:
             # /dev/shm is the host's own tmpfs (-xdev: never into a mount inside it); its /tmp may
             # hold the checkout (see _private_tmp) and is left alone until teardown
-            subprocess.run(["nsenter", "-t", str(host.pid), "--mount", "find", "/dev/shm", "-xdev", "-mindepth", "1", "-delete"],
-                           capture_output=True, timeout=30)
+            empty = ["find", "/dev/shm", "-xdev", "-mindepth", "1", "-delete"]
+            subprocess.run(["nsenter", "-t", str(host.pid), "--mount", *empty], capture_output=True, timeout=30)
 
 
 def split_by_rank(stdout: str) -> Dict[int, str]:

@@ -24,7 +24,8 @@ IDS = [f"{h}hosts-{k}per" for h, k in LAYOUTS]
 @pytest.mark.parametrize("hosts, per_host", LAYOUTS, ids=IDS)
 def test_placement_and_agreement_paths(simhosts: SimHosts, hosts: int, per_host: int) -> None:
     """Board within a host, MPI across hosts, on the world and on splits within and across."""
-    done = simhosts.mpiexec([str(HERE / "ranks" / "placement.py"), str(hosts), str(per_host)], hosts=hosts, per_host=per_host)
+    program = [str(HERE / "ranks" / "placement.py"), str(hosts), str(per_host)]
+    done = simhosts.mpiexec(program, hosts=hosts, per_host=per_host)
     expect_summaries(done.stdout, "placement", hosts * per_host)
 
 

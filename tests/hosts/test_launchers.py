@@ -29,7 +29,8 @@ def wrapper(directory: Path, version: str) -> Path:
 
 def test_the_chosen_mpiexec_starts_the_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = ranks.mpiexec()
-    chosen = wrapper(tmp_path, subprocess.run([real, "--version"], capture_output=True, text=True).stdout.splitlines()[0])
+    version = subprocess.run([real, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    chosen = wrapper(tmp_path, version)
     monkeypatch.setenv("DENSECCL_TEST_MPIEXEC", str(chosen))
     assert ranks.mpiexec() == str(chosen)
     script = tmp_path / "size.py"

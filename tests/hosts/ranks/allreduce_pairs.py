@@ -78,7 +78,8 @@ if rank == 0:
         d, m = median[(pair, "denseccl")], median[(pair, "mpi4py")]
         print(f"{pair:>14}: denseccl {d:10.1f} us   mpi4py {m:10.1f} us   denseccl/mpi4py {d / m:5.2f}")
     for library in ("denseccl", "mpi4py"):
-        print(f"{library:>14}: across/within {median[('across hosts', library)] / median[('within a host', library)]:5.2f}")
+        ratio = median[("across hosts", library)] / median[("within a host", library)]
+        print(f"{library:>14}: across/within {ratio:5.2f}")
     print("JSON " + json.dumps({f"{pair}|{library}": ms for (pair, library), ms in median.items()}), flush=True)
 for group in dense.values():
     if group is not None:

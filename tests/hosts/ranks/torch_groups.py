@@ -47,13 +47,16 @@ def channels_last(seed: int, r: int) -> torch.Tensor:
 
 
 def uses_board(group: object) -> bool:
-    backend = group if isinstance(group, dt.ProcessGroupDenseCCL) else group._get_backend(torch.device("cpu"))  # type: ignore[attr-defined]
+    if isinstance(group, dt.ProcessGroupDenseCCL):
+        return group.host_communicator.control.board is not None
+    backend = group._get_backend(torch.device("cpu"))  # type: ignore[attr-defined]
     assert isinstance(backend, dt.ProcessGroupDenseCCL), type(backend)
     return backend.host_communicator.control.board is not None
 
 
 def exercise(name: str, group: object, members: list, expect_board: bool, seed: int) -> None:
-    check.check(uses_board(group) == expect_board, f"{name}: board in use {not expect_board}, expected {expect_board} (members {members})")
+    board = uses_board(group)
+    check.check(board == expect_board, f"{name}: board in use {board}, expected {expect_board} (members {members})")
     x = channels_last(seed, rank)
     strides = x.stride()
     dist.all_reduce(x, group=group)
@@ -64,7 +67,8 @@ def exercise(name: str, group: object, members: list, expect_board: bool, seed: 
     check.check(torch.equal(y, values(seed + 1, members[-1], (5, 3)).t()), f"{name}: broadcast from the last member")
     out = torch.empty(len(members) * 2, 3, 4, 5)
     dist.all_gather_into_tensor(out, values(seed + 2, rank, (2, 3, 4, 5)), group=group)
-    check.check(torch.equal(out, torch.cat([values(seed + 2, r, (2, 3, 4, 5)) for r in members])), f"{name}: all_gather_into_tensor")
+    want = torch.cat([values(seed + 2, r, (2, 3, 4, 5)) for r in members])
+    check.check(torch.equal(out, want), f"{name}: all_gather_into_tensor")
     stacked = torch.cat([values(seed + 3, rank, (2, 6)) * (i + 1) for i in range(len(members))])
     block = torch.empty(2, 6)
     dist.reduce_scatter_tensor(block, stacked, group=group)
@@ -87,7 +91,8 @@ def ddp() -> None:
     torch.manual_seed(5)
     model = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 2)).to(memory_format=torch.channels_last)
     replica = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=0.001)
-    batch = torch.randn(2 * size, 4, 8, 8, generator=torch.Generator().manual_seed(9)).to(memory_format=torch.channels_last)
+    batch = torch.randn(2 * size, 4, 8, 8, generator=torch.Generator().manual_seed(9))
+    batch = batch.to(memory_format=torch.channels_last)
     target = torch.randn(2 * size, 4, 5, 5, generator=torch.Generator().manual_seed(10))
     mine = slice(2 * rank, 2 * rank + 2)
     opt, opt_ddp = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(replica.parameters(), lr=0.1)
@@ -96,7 +101,8 @@ def ddp() -> None:
         F.mse_loss(replica(batch[mine]), target[mine]).backward()
         for (name, p), q in zip(model.named_parameters(), replica.module.parameters()):
             check.check(torch.allclose(q.grad, p.grad, atol=1e-5), f"ddp: gradient of {name} differs from one process")
-            check.check(q.grad.stride() == q.stride(), f"ddp: gradient of {name} has strides {q.grad.stride()}, its parameter {q.stride()}")
+            strides = f"ddp: gradient of {name} has strides {q.grad.stride()}, its parameter {q.stride()}"
+            check.check(q.grad.stride() == q.stride(), strides)
         opt.step(), opt_ddp.step(), opt.zero_grad(), opt_ddp.zero_grad()
     flat = torch.cat([p.detach().flatten() for p in replica.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(size)]
@@ -109,10 +115,12 @@ if "world" in scenarios:
     exercise("world", dist.group.WORLD, world, expect_board=hosts == 1 and size > 1, seed=1)
 if "within" in scenarios:  # every rank creates every group, in the same order
     groups = [dist.new_group([h * per_host + i for i in range(per_host)], backend="denseccl") for h in range(hosts)]
-    exercise("within a host", groups[host], [host * per_host + i for i in range(per_host)], expect_board=per_host > 1, seed=2)
+    members = [host * per_host + i for i in range(per_host)]
+    exercise("within a host", groups[host], members, expect_board=per_host > 1, seed=2)
 if "across" in scenarios:
     groups = [dist.new_group([h * per_host + i for h in range(hosts)], backend="denseccl") for i in range(per_host)]
-    exercise("across hosts", groups[rank % per_host], [h * per_host + rank % per_host for h in range(hosts)], expect_board=hosts == 1, seed=3)
+    members = [h * per_host + rank % per_host for h in range(hosts)]
+    exercise("across hosts", groups[rank % per_host], members, expect_board=hosts == 1, seed=3)
 if "ddp" in scenarios:
     ddp()
 dist.barrier()
