@@ -1,0 +1,60 @@
+"""Faults injected into real ranks: a peer stopped right after it posted a transfer, a late
+peer, a peer that never calls or exits, objects dropped in every order, the abort policy.
+After any fault: an error on every rank or a clean job abort; never a write to memory the
+caller may have freed; never a silently wrong result (docs/faults.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mpi.summaries import expect_summaries
+from tests.support.ranks import mpich_segments, remove_orphaned_segments, run_ranks
+
+pytestmark = pytest.mark.mpi
+
+RANKS = Path(__file__).parent / "ranks"
+BOARD = {"1": "board", "0": "mpi"}
+
+
+@pytest.fixture
+def segments():
+    """Remove what jobs whose ranks leave through os._exit left in /dev/shm."""
+    before = mpich_segments()
+    yield
+    remove_orphaned_segments(before)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
+@pytest.mark.parametrize("scenario", ["sync", "split", "plan", "plan-bcast", "async"])
+def test_peer_stopped_after_posting(scenario, shared, segments):
+    done = run_ranks(2, RANKS / "faults.py", [scenario, "2"], timeout=120, env={"DENSECCL_SHARED_AGREEMENT": shared}, expect_failure=None)
+    expect_summaries(done.stdout, f"faults-{scenario}", 2)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
+def test_late_rank_never_agrees_with_an_abandoned_entry(shared, segments):
+    done = run_ranks(2, RANKS / "stale.py", ["6"], timeout=120, env={"DENSECCL_SHARED_AGREEMENT": shared}, expect_failure=None)
+    expect_summaries(done.stdout, "stale", 2)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("order", ["work-first", "array-first", "comm-first", "comm-only", "exit"])
+def test_drops_in_any_order(order):
+    done = run_ranks(2, RANKS / "drops.py", [order], timeout=120)
+    expect_summaries(done.stdout, f"drops-{order}", 2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["env", "kwarg"])
+def test_abort_on_timeout_ends_the_job(how, segments):
+    started = time.monotonic()
+    env = {"DENSECCL_ON_TIMEOUT": "abort"} if how == "env" else {}
+    done = run_ranks(2, RANKS / "on_timeout.py", [how, "2", "60"], timeout=100, env=env, expect_failure=True)
+    assert time.monotonic() - started < 40, "the job was not aborted: it waited for the sleeping rank"
+    assert "NOT ABORTED" not in done.stdout
+    assert "aborting the whole job" in done.stderr and "did not complete within the timeout" in done.stderr
