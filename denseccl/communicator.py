@@ -68,7 +68,9 @@ class Communicator:
 
     # -- collectives -------------------------------------------------------------------------
 
-    def allreduce(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def allreduce(
+        self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
         if out is None and stream is None and not async_op and type(op) is str:
@@ -95,7 +97,9 @@ class Communicator:
             self._remember(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
         return result
 
-    def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def reduce(
+        self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
@@ -120,7 +124,8 @@ class Communicator:
             flow.fail("reduce", error)
         count, dtype = source.layout.numel, DTYPES[source.layout.dtype]
         args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream)
-        result = flow.run(descriptor, self.transport.reduce if count else None, args, target.owner, (source, target), async_op)
+        start = self.transport.reduce if count else None
+        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op)
         if key is not None and count and not self.transport.device_memory:
             self._remember(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
         return result
@@ -169,9 +174,12 @@ class Communicator:
             flow.fail("allgather", error)
         count = block.numel
         args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream)
-        return flow.run(descriptor, self.transport.allgather if count else None, args, target.owner, (source, target), async_op)
+        start = self.transport.allgather if count else None
+        return flow.run(descriptor, start, args, target.owner, (source, target), async_op)
 
-    def reduce_scatter(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def reduce_scatter(
+        self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce the stacked ``x`` (shape ``(size, *s)``) over ranks and give rank ``r`` block
         ``r`` of the result, with the blocks' layout (a new array unless ``out``)."""
         flow = self.flow
@@ -198,7 +206,8 @@ class Communicator:
             flow.fail("reduce_scatter", error)
         count = block.numel
         args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream)
-        return flow.run(descriptor, self.transport.reduce_scatter if count else None, args, target.owner, (source, target), async_op)
+        start = self.transport.reduce_scatter if count else None
+        return flow.run(descriptor, start, args, target.owner, (source, target), async_op)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
@@ -263,7 +272,9 @@ class Communicator:
             )
         return buffer
 
-    def _output(self, out: Any, layout: Layout, name: str, *, forbid_overlap_with: Buffer, allow_alias: bool = True) -> Buffer:
+    def _output(
+        self, out: Any, layout: Layout, name: str, *, forbid_overlap_with: Buffer, allow_alias: bool = True
+    ) -> Buffer:
         buffer = as_buffer(out)
         self._check_device(buffer, name)
         _check_resolved(buffer, name)
@@ -276,8 +287,11 @@ class Communicator:
         if buffer.readonly:
             raise LayoutError(f"{name} is read-only; pass a writable array")
         if buffer.device != forbid_overlap_with.device:
-            raise LayoutError(f"{name} is on another device than the input ({buffer.describe()} vs {forbid_overlap_with.describe()})")
-        same = buffer.span_pointer == forbid_overlap_with.span_pointer and buffer.layout.key == forbid_overlap_with.layout.key
+            raise LayoutError(
+                f"{name} is on another device than the input ({buffer.describe()} vs {forbid_overlap_with.describe()})"
+            )
+        other = forbid_overlap_with
+        same = buffer.span_pointer == other.span_pointer and buffer.layout.key == other.layout.key
         if not (allow_alias and same) and overlap(*_spans(buffer), *_spans(forbid_overlap_with)):
             raise LayoutError(
                 f"{name} overlaps the input's memory without being the same array; pass the input itself "
@@ -291,7 +305,10 @@ class Communicator:
         _check_resolved(buffer, name)
         problem = stacked_problem(buffer.layout, self.size)
         if problem is None and block_of(buffer.layout).key != block.key:
-            problem = f"its blocks {name}[r] have layout {block_of(buffer.layout).describe()}, not the input's {block.describe()}"
+            problem = (
+                f"its blocks {name}[r] have layout {block_of(buffer.layout).describe()}, "
+                f"not the input's {block.describe()}"
+            )
         if problem is not None:
             raise LayoutError(
                 f"{name} {buffer.layout.describe()} is not a stacked buffer for {self.size} ranks of "
@@ -315,8 +332,13 @@ class Communicator:
         on_device = buffer.device != HOST
         if on_device != self.transport.device_memory:
             where = "device (CUDA)" if on_device else "host"
-            wanted = "device arrays: use denseccl.init(backend='nccl')" if on_device else "host arrays: use denseccl.init(backend='mpi')"
-            raise LayoutError(f"{name} is a {where} array, but the {self.backend} transport moves {'device' if self.transport.device_memory else 'host'} memory only; for {wanted}")
+            wanted = "device arrays: use denseccl.init(backend='nccl')"
+            if not on_device:
+                wanted = "host arrays: use denseccl.init(backend='mpi')"
+            moves = "device" if self.transport.device_memory else "host"
+            raise LayoutError(
+                f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for {wanted}"
+            )
         bound = self.transport.device
         if on_device and bound is not None and buffer.device != bound:
             raise LayoutError(
@@ -332,7 +354,9 @@ class Communicator:
         """For collectives without an op: the transport must be able to move the dtype."""
         if buffer.layout.dtype not in self.transport.dtypes:
             supported = ", ".join(sorted(self.transport.dtypes))
-            raise LayoutError(f"dtype {buffer.layout.dtype} is not supported by the {self.backend} transport (supported: {supported})")
+            raise LayoutError(
+                f"dtype {buffer.layout.dtype} is not supported by the {self.backend} transport (supported: {supported})"
+            )
 
     def _check_op(self, op: Op, buffer: Buffer) -> None:
         check_op_for_dtype(op, DTYPES[buffer.layout.dtype], self.transport.dtypes, self.backend)

@@ -47,7 +47,9 @@ class Flow:
     policy (``check``, ``timeout``, ``on_timeout``), the broken state, the plans and the
     Works dropped in flight."""
 
-    def __init__(self, transport: Transport, control: ControlChannel, *, check: bool, timeout: Optional[float], on_timeout: str) -> None:
+    def __init__(
+        self, transport: Transport, control: ControlChannel, *, check: bool, timeout: Optional[float], on_timeout: str
+    ) -> None:
         self.transport = transport
         self.control = control
         self.rank: int = transport.rank
@@ -67,7 +69,10 @@ class Flow:
 
     # -- the flow ----------------------------------------------------------------------------
 
-    def run(self, descriptor: Descriptor, start: Optional[Callable[..., Pending]], args: Tuple[Any, ...], result: Any, keep: Any, async_op: bool) -> Any:
+    def run(
+        self, descriptor: Descriptor, start: Optional[Callable[..., Pending]], args: Tuple[Any, ...],
+        result: Any, keep: Any, async_op: bool,
+    ) -> Any:
         """Agree on ``descriptor``, start ``start(*args)`` (None: nothing to move) and complete
         it: return ``result`` once done, or a Work for it with ``async_op``. ``keep``: the
         buffers the transfer reads and writes."""
@@ -84,10 +89,13 @@ class Flow:
             self.wait(pending, keep)
             outcome = result
         if began:
-            log.trace("%s%s: %.1f us", descriptor.describe(), " (started)" if async_op else "", (time.perf_counter() - began) * 1e6)
+            elapsed = (time.perf_counter() - began) * 1e6
+            log.trace("%s%s: %.1f us", descriptor.describe(), " (started)" if async_op else "", elapsed)
         return outcome
 
-    def plan(self, descriptor: Descriptor, buffer: Any, start: Optional[Callable[[int], Test]]) -> Optional[Callable[[Any], Any]]:
+    def plan(
+        self, descriptor: Descriptor, buffer: Any, start: Optional[Callable[[int], Test]]
+    ) -> Optional[Callable[[Any], Any]]:
         """The replay of a call that just ran on ``buffer`` (plans.py), or None where the
         transport wants the full path each time (``start`` None)."""
         if start is None:
@@ -100,7 +108,9 @@ class Flow:
         """Raise :class:`CommunicatorBrokenError` if the communicator cannot be used."""
         reason = self.state()
         if reason is not None:
-            raise CommunicatorBrokenError(f"this communicator is unusable ({reason}); create a new one with denseccl.init()")
+            raise CommunicatorBrokenError(
+                f"this communicator is unusable ({reason}); create a new one with denseccl.init()"
+            )
 
     def state(self) -> Optional[str]:
         """Why the communicator is unusable (its own timeout, a peer that gave up, a transport

@@ -1,8 +1,8 @@
 """Plans: the fast path for a call that repeats a geometry seen before.
 
 A synchronous, in-place call on a NumPy array or a plain CPU torch tensor validates the same
-way every time for the same (collective, shape, strides, dtype, op, root): the layout, the dense rule, the op-dtype checks
-and the agreement descriptor are functions of those alone. The first such call runs the full
+way every time for the same (collective, shape, strides, dtype, op, root): the layout, the dense
+rule, the op-dtype checks and the agreement descriptor are functions of those alone. The first such call runs the full
 path, whose flow then builds a plan (:meth:`Flow.plan`, :func:`compile_plan`); later calls with
 the same key replay only what can change between calls (the data pointer, the writable flag,
 the communicator's state) through the flow's own steps, and still run the cross-rank agreement

@@ -126,7 +126,9 @@ class Transport(ABC):
         each issued inside that wait once the one before has completed (program order)."""
         return self.allreduce(send, recv, count, dtype, op, stream)
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
+    def in_place(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Callable[[], bool]]]:
         """For repeated calls (plans.py): a callable ``address -> test`` that starts the in-place
         ``collective`` ("allreduce", "reduce" or "broadcast") on the ``count`` elements at
         ``address``, exactly as the method of that name does with ``send == recv == address``,

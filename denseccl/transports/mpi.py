@@ -230,7 +230,9 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
+    def in_place(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Callable[[], bool]]]:
         kind = None if op is None else op_kind(op)
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
             return super().in_place(collective, count, dtype, op, root)

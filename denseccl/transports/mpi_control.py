@@ -106,7 +106,8 @@ class MPIControl(ControlChannel):
 
     def give_up(self) -> None:
         note = np.array([self.rank], np.int64)
-        requests = [self.comm.Isend([note, MPI.INT64_T], peer, GAVE_UP_TAG) for peer in range(self.size) if peer != self.rank]
+        peers = [peer for peer in range(self.size) if peer != self.rank]
+        requests = [self.comm.Isend([note, MPI.INT64_T], peer, GAVE_UP_TAG) for peer in peers]
         abandon(requests, note)
         # MPI moves a message only inside MPI calls: push the notes out now (a stopped or dead
         # peer cannot take them, so the push is bounded; a later MPI call here moves them on)

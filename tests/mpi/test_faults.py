@@ -29,16 +29,20 @@ def segments():
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
-@pytest.mark.parametrize("scenario", ["sync", "split", "plan", "plan-bcast", "async"])
+@pytest.mark.parametrize("scenario", ["sync", "split", "plan", "plan-bcast", "async", "torch-async"])
 def test_peer_stopped_after_posting(scenario, shared, segments):
-    done = run_ranks(2, RANKS / "faults.py", [scenario, "2"], timeout=120, env={"DENSECCL_SHARED_AGREEMENT": shared}, expect_failure=None)
+    if scenario.startswith("torch"):
+        pytest.importorskip("torch")
+    env = {"DENSECCL_SHARED_AGREEMENT": shared}
+    done = run_ranks(2, RANKS / "faults.py", [scenario, "2"], timeout=120, env=env, expect_failure=None)
     expect_summaries(done.stdout, f"faults-{scenario}", 2)
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
 def test_late_rank_never_agrees_with_an_abandoned_entry(shared, segments):
-    done = run_ranks(2, RANKS / "stale.py", ["6"], timeout=120, env={"DENSECCL_SHARED_AGREEMENT": shared}, expect_failure=None)
+    env = {"DENSECCL_SHARED_AGREEMENT": shared}
+    done = run_ranks(2, RANKS / "stale.py", ["6"], timeout=120, env=env, expect_failure=None)
     expect_summaries(done.stdout, "stale", 2)
 
 

@@ -207,7 +207,7 @@ check.equal("reduce_scatter list", out, torch.stack([pieces[r][rank] for r in ra
 seed = next(seeds)
 tensors = [make(layout, dtype, seed + k, rank) for k, (layout, dtype) in enumerate((("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))]
 strides = [t.stride() for t in tensors]
-import denseccl.communicator as communicator_module  # noqa: E402 - counts the agreement steps below
+import denseccl.flow as communicator_module  # noqa: E402 - counts the agreement steps below
 
 agreed = []
 real_agree = communicator_module.agree
