@@ -64,7 +64,7 @@ class Flow:
         self.plans: Dict[Any, Callable[[Any], Any]] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
-        self._peer_gave_up = control.peer_gave_up
+        self._peer_gave_up = control.fast_path()[1]
         weakref.finalize(self, _keep_if_any, self.orphans)
 
     # -- the flow ----------------------------------------------------------------------------

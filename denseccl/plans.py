@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 import numpy as np
 
 from . import log
-from .agreement import Descriptor, digest
+from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
 
 if TYPE_CHECKING:
@@ -44,17 +44,19 @@ def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Ca
     offset = buffer.span_pointer - buffer.pointer  # from the data pointer to the span (<= 0)
     pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
     value = digest(descriptor)
-    agree, settle, note_failure, peer_gave_up = flow.agree, flow.settle, flow.note_failure, flow.control.peer_gave_up
+    control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
+    all_equal, peer_gave_up = control.fast_path()
+    peers = flow.size > 1
 
     def run(x: Any) -> Any:
         if flow.broken is not None:
             flow.usable()
-        if flow.check:
-            agree(descriptor, value)
         try:
+            if flow.check and peers and not all_equal(value, False, deadline()):
+                disagree(control, descriptor, deadline())
             test = start(pointer_of(x) + offset)
         except Exception as error:
-            note_failure(error)
+            note_failure(error)  # the agreement's or the library's: a timeout gives up, as in Flow.agree
             raise
         for _ in range(SPINS):  # a small call is done before a deadline is worth computing
             if test():

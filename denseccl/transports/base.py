@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from ..ops import DType, Op
@@ -194,6 +194,11 @@ class ControlChannel(ABC):
         """The rank of a peer that gave up (:meth:`give_up`), or None. Cheap: called once per
         collective and on every poll of a long wait."""
         return None
+
+    def fast_path(self) -> "Tuple[Callable[[int, bool, Optional[float]], bool], Callable[[], Optional[int]]]":
+        """``(all_equal, peer_gave_up)`` as the callables that do the work, with no delegation
+        in between: the two calls every collective makes, bound once by the flow and its plans."""
+        return self.all_equal, self.peer_gave_up
 
     def abort(self, message: str) -> NoReturn:
         """End the whole job at once (``DENSECCL_ON_TIMEOUT=abort``); this process by default."""
