@@ -197,7 +197,7 @@ else
   if [ "$status" -eq 0 ]; then note "PASS bench: $(grep -i 'avg bus bandwidth' "$out/bench.log" | tail -n 1)"; else note "FAIL bench (exit $status): $(tail -n 1 "$out/bench.log")"; failed=1; fi
   # DDP step time of a channels-last ConvNet: denseccl vs gloo vs nccl (two ranks only)
   if has mpi && has torch_cuda && [ -n "$mpiexec_bin" ] && [ "$DENSECCL_GPU_TWO_RANKS" != no ] && [ "$(cap 90)" -ge 40 ]; then
-    two_ranks launch/bench_ddp.py --rounds 3 --steps 10
+    two_ranks examples/bench_ddp.py --rounds 3 --steps 10
     echo "+ ${command[*]}"
     timeout -k 10 "$(cap 90)" "${command[@]}" 2>&1 | tee "$out/bench-ddp.log"
     status=${PIPESTATUS[0]}
