@@ -62,3 +62,14 @@ def test_abort_on_timeout_ends_the_job(how, segments):
     assert time.monotonic() - started < 40, "the job was not aborted: it waited for the sleeping rank"
     assert "NOT ABORTED" not in done.stdout
     assert "aborting the whole job" in done.stderr and "did not complete within the timeout" in done.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shared, path", [("1", "shared-memory board"), ("0", "MPI allreduce")], ids=["board", "mpi"])
+def test_debug_log_names_the_agreement_path_and_each_call(shared, path):
+    env = {"DENSECCL_DEBUG": "TRACE", "DENSECCL_SHARED_AGREEMENT": shared}
+    done = run_ranks(2, RANKS / "logging_calls.py", timeout=90, env=env)
+    expect_summaries(done.stdout, "logging", 2)
+    assert f"INFO agreement step: {path}" in done.stderr, done.stderr
+    calls = [line for line in done.stderr.splitlines() if "TRACE allreduce op=sum float32 shape (4, 3)" in line]
+    assert len(calls) == 6 and sum("(plan)" in line for line in calls) == 4 and all(" us" in line for line in calls), calls
