@@ -73,3 +73,15 @@ def test_debug_log_names_the_agreement_path_and_each_call(shared, path):
     assert f"INFO agreement step: {path}" in done.stderr, done.stderr
     calls = [line for line in done.stderr.splitlines() if "TRACE allreduce op=sum float32 shape (4, 3)" in line]
     assert len(calls) == 6 and sum("(plan)" in line for line in calls) == 4 and all(" us" in line for line in calls), calls
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cleanup", [True, False], ids=["launcher-ends-job", "survivor-goes-on"])
+def test_peer_exits(cleanup, segments):
+    started = time.monotonic()
+    flags = () if cleanup else ("-disable-auto-cleanup",)
+    done = run_ranks(2, RANKS / "peer_exits.py", ["3"], timeout=90, mpiexec_flags=flags, expect_failure=None)
+    assert time.monotonic() - started < 60
+    assert "returned although" not in done.stdout and "a later call returned" not in done.stdout
+    if not cleanup:
+        expect_summaries(done.stdout, "peer_exits", 2)

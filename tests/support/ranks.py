@@ -37,6 +37,7 @@ def run_ranks(
     timeout: float = 120.0,
     env: Optional[Dict[str, str]] = None,
     expect_failure: Optional[bool] = False,
+    mpiexec_flags: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """Run ``python script *args`` on ``nranks`` ranks; assert it succeeded (or failed, with
     ``expect_failure``; ``None`` asserts neither, for rank programs that leave with
@@ -46,7 +47,7 @@ def run_ranks(
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.setdefault("DENSECCL_TIMEOUT", "60")
     environment.update(env or {})
-    command = [mpiexec(), "-n", str(nranks), sys.executable, str(script), *map(str, args)]
+    command = [mpiexec(), *mpiexec_flags, "-n", str(nranks), sys.executable, str(script), *map(str, args)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
     )
