@@ -245,6 +245,8 @@ class Flow:
                 self._give_up(error)
         elif isinstance(error, CommunicatorBrokenError):
             self.broken = self.broken or str(error)
+        elif not isinstance(error, Exception):  # its transfer was left running: nothing may reuse the state
+            self.broken = self.broken or f"interrupted while waiting ({type(error).__name__})"
         elif not isinstance(error, DenseCCLError):
             self.broken = self.broken or f"transport failure: {type(error).__name__}: {error}"
 
