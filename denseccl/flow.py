@@ -27,15 +27,14 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
 from . import log
 from .agreement import Descriptor, agree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
+from .plans import compile_plan
 from .transports.base import DONE, ControlChannel, Pending, Transport, abandon, wait_until
-
-if TYPE_CHECKING:
-    from .work import Work
+from .work import Work
 
 T = TypeVar("T")
 #: a transfer's test: True once it has completed (never blocks)
@@ -82,8 +81,6 @@ class Flow:
         if self.orphans:
             self.poll_orphans()
         if async_op:
-            from .work import Work  # noqa: PLC0415 - work.py builds on this module
-
             outcome: Any = Work(self, pending, result, keep)
         else:
             self.wait(pending, keep)
@@ -100,8 +97,6 @@ class Flow:
         transport wants the full path each time (``start`` None)."""
         if start is None:
             return None
-        from .plans import compile_plan  # noqa: PLC0415 - plans.py builds on this module
-
         return compile_plan(self, descriptor, buffer, start)
 
     def usable(self) -> None:

@@ -34,6 +34,8 @@ def test_peer_stopped_after_posting(scenario, shared, segments):
     if scenario.startswith("torch"):
         pytest.importorskip("torch")
     env = {"DENSECCL_SHARED_AGREEMENT": shared}
+    if scenario.startswith("torch"):  # overrides torch's timeout (run_ranks sets 60)
+        env["DENSECCL_TIMEOUT"] = "2"
     done = run_ranks(2, RANKS / "faults.py", [scenario, "2"], timeout=120, env=env, expect_failure=None)
     expect_summaries(done.stdout, f"faults-{scenario}", 2)
 
