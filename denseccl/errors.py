@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class DenseCCLError(Exception):
     """Base of every denseccl error."""
@@ -25,7 +27,7 @@ class CommunicatorBrokenError(DenseCCLError, RuntimeError):
     """The communicator cannot be used any more (after a timeout or a transport failure)."""
 
 
-def peer_gave_up_error(rank: int) -> CommunicatorBrokenError:
+def peer_gave_up_error(rank: Optional[int]) -> CommunicatorBrokenError:
     """What a rank raises once it knows that ``rank`` gave up on a call of their communicator."""
     return CommunicatorBrokenError(
         f"rank {rank} gave up on a collective of this communicator (it timed out), so no call that pairs with it "

@@ -30,13 +30,15 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
 from . import log
-from .agreement import Descriptor, agree
+from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import compile_plan
 from .transports.base import DONE, ControlChannel, Pending, Transport, abandon, wait_until
 from .work import Work
 
 T = TypeVar("T")
+#: polls of a transfer before a wait computes its deadline and watches for a peer that gave up
+SPINS = 64
 #: a transfer's test: True once it has completed (never blocks)
 Test = Callable[[], bool]
 
@@ -63,7 +65,7 @@ class Flow:
         self.plans: Dict[Any, Callable[[Any], Any]] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
-        self._peer_gave_up = control.fast_path()[1]
+        self._all_equal, self._gave_up = control.fast_path()
         weakref.finalize(self, _keep_if_any, self.orphans)
 
     # -- the flow ----------------------------------------------------------------------------
@@ -112,9 +114,8 @@ class Flow:
         failure such as a device watchdog's verdict, closed), or None."""
         if self.broken is None:
             failure = self.transport.failure()
-            if failure is None:
-                who = self._peer_gave_up()
-                failure = None if who is None else f"rank {who} gave up on a collective (it timed out)"
+            if failure is None and self._gave_up[0]:
+                failure = f"rank {self.control.peer_gave_up()} gave up on a collective (it timed out)"
             self.broken = failure
         return self.broken
 
@@ -126,8 +127,10 @@ class Flow:
         """The agreement step (when checking and there are peers); ``value``: the descriptor's
         digest when the caller has it."""
         if self.check and self.size > 1:
-            try:
-                agree(self.control, descriptor, self.deadline(), None, value)
+            try:  # agreement.agree, with the channel's own all_equal
+                value = digest(descriptor) if value is None else value
+                if not self._all_equal(value, False, self.deadline()):
+                    disagree(self.control, descriptor, self.deadline())
             except Exception as error:
                 self.note_failure(error)
                 raise
@@ -186,9 +189,13 @@ class Flow:
         """Poll ``test`` until the transfer has completed; raise if a peer gave up on it or
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
-            if not test():
+            for _ in range(SPINS):  # a small call is done before a deadline is worth computing
+                if test():
+                    break
+            else:
                 wait_until(self._watching(test), self.deadline(timeout), "the collective")
-            self._after()
+            if self._gave_up[0]:
+                self._after()
         except BaseException as error:
             self._abandon(error, test, keep)
             raise
@@ -206,23 +213,21 @@ class Flow:
         return True
 
     def _watching(self, test: Test) -> Test:
-        peer_gave_up = self._peer_gave_up
+        gave_up, after = self._gave_up, self._after
 
         def watched() -> bool:
             if test():
                 return True
-            who = peer_gave_up()
-            if who is not None:
-                raise peer_gave_up_error(who)
+            if gave_up[0]:
+                after()
             return False
 
         return watched
 
     def _after(self) -> None:
         """A completed call may still have paired with one a peer gave up on: then it fails."""
-        who = self._peer_gave_up()
-        if who is not None:
-            raise peer_gave_up_error(who)
+        if self._gave_up[0]:
+            raise peer_gave_up_error(self.control.peer_gave_up())
 
     def _abandon(self, error: BaseException, *things: Any) -> None:
         abandon(*things)  # first: whatever follows must not free what the transfer may touch

@@ -45,7 +45,7 @@ def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Ca
     pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
     value = digest(descriptor)
     control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
-    all_equal, peer_gave_up = control.fast_path()
+    all_equal, gave_up = control.fast_path()
     peers = flow.size > 1
 
     def run(x: Any) -> Any:
@@ -60,7 +60,7 @@ def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Ca
             raise
         for _ in range(SPINS):  # a small call is done before a deadline is worth computing
             if test():
-                if peer_gave_up() is None:
+                if not gave_up[0]:
                     return x
                 break
         settle(test, x)  # the deadline, a peer that gave up; on failure keeps x alive

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
 
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from ..ops import DType, Op
@@ -161,6 +161,24 @@ class Transport(ABC):
         """Release the library's communicator (collective where the library says so)."""
 
 
+class Flag(Protocol):
+    """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.fast_path`)."""
+
+    def __getitem__(self, index: int) -> int: ...
+
+
+class GaveUpFlag:
+    """A :class:`Flag` that asks a channel's ``peer_gave_up`` each time it is read."""
+
+    __slots__ = ("_ask",)
+
+    def __init__(self, ask: Callable[[], Optional[int]]) -> None:
+        self._ask = ask
+
+    def __getitem__(self, index: int) -> int:
+        return 0 if self._ask() is None else 1
+
+
 class ControlChannel(ABC):
     """A small host channel between the ranks, for agreement: never a device sync."""
 
@@ -195,10 +213,11 @@ class ControlChannel(ABC):
         collective and on every poll of a long wait."""
         return None
 
-    def fast_path(self) -> "Tuple[Callable[[int, bool, Optional[float]], bool], Callable[[], Optional[int]]]":
-        """``(all_equal, peer_gave_up)`` as the callables that do the work, with no delegation
-        in between: the two calls every collective makes, bound once by the flow and its plans."""
-        return self.all_equal, self.peer_gave_up
+    def fast_path(self) -> "Tuple[Callable[[int, bool, Optional[float]], bool], Flag]":
+        """What every collective uses, bound once by the flow and its plans: ``all_equal`` as
+        the callable that does the work (no delegation in between), and a flag whose ``[0]`` is
+        nonzero once a peer gave up (a shared word on a board: no call at all)."""
+        return self.all_equal, GaveUpFlag(self.peer_gave_up)
 
     def abort(self, message: str) -> NoReturn:
         """End the whole job at once (``DENSECCL_ON_TIMEOUT=abort``); this process by default."""

@@ -69,6 +69,8 @@ class Board:
         self.progress: Optional[Callable[[], Any]] = None
         #: the word of the "gave up" flag: 0, or the rank that gave up plus one
         self._flag = 2 * size * LINE
+        #: that word alone, for a check with no call: nonzero once a rank gave up
+        self.flag = self._words[self._flag : self._flag + 1]
         #: per call parity: (the start of my line, the starts of my peers' lines)
         self._lines = tuple(
             (base + rank * LINE, tuple(base + peer * LINE for peer in range(size) if peer != rank))
@@ -171,6 +173,7 @@ class Board:
         """Unmap the page (local: peers need not take part)."""
         if self._mapping.closed:
             return
+        self.flag.release()
         self._words.release()
         self._mapping.close()
 

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .. import log
 from ..errors import CommunicatorBrokenError, peer_gave_up_error
-from .base import ControlChannel, abandon, wait_until
+from .base import ControlChannel, Flag, abandon, wait_until
 from .board import Board
 
 _FIVE = struct.Struct("=5q")
@@ -154,8 +154,8 @@ class BoardControl(ControlChannel):
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         return self.mpi.allgather_bytes(data, deadline)
 
-    def fast_path(self) -> Tuple[Callable[[int, bool, Optional[float]], bool], Callable[[], Optional[int]]]:
-        return self.board.all_equal, self.board.gave_up
+    def fast_path(self) -> Tuple[Callable[[int, bool, Optional[float]], bool], Flag]:
+        return self.board.all_equal, self.board.flag
 
     def give_up(self) -> None:
         self.board.give_up()
