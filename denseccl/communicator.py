@@ -92,7 +92,7 @@ class Communicator:
         # waited for at once: the transport may split it into calls issued one after the other
         start = None if not count else transport.allreduce if async_op else transport.allreduce_now
         args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
-        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op)
+        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
         if key is not None and count and not transport.device_memory:
             self._remember(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
         return result
@@ -125,7 +125,7 @@ class Communicator:
         count, dtype = source.layout.numel, DTYPES[source.layout.dtype]
         args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream)
         start = self.transport.reduce if count else None
-        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op)
+        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
         if key is not None and count and not self.transport.device_memory:
             self._remember(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
         return result
@@ -149,7 +149,8 @@ class Communicator:
             flow.fail("broadcast", error)
         count, dtype = buffer.layout.numel, DTYPES[buffer.layout.dtype]
         args = (buffer.span_pointer, count, dtype, root, stream)
-        result = flow.run(descriptor, self.transport.broadcast if count else None, args, buffer.owner, buffer, async_op)
+        start = self.transport.broadcast if count else None
+        result = flow.run(descriptor, start, args, buffer.owner, buffer, async_op, stream)
         if key is not None and count and not self.transport.device_memory:
             self._remember(key, descriptor, buffer, self.transport.in_place("broadcast", count, dtype, None, root))
         return result
@@ -175,7 +176,7 @@ class Communicator:
         count = block.numel
         args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream)
         start = self.transport.allgather if count else None
-        return flow.run(descriptor, start, args, target.owner, (source, target), async_op)
+        return flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
 
     def reduce_scatter(
         self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
@@ -207,7 +208,7 @@ class Communicator:
         count = block.numel
         args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream)
         start = self.transport.reduce_scatter if count else None
-        return flow.run(descriptor, start, args, target.owner, (source, target), async_op)
+        return flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""

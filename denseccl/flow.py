@@ -29,7 +29,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
-from . import log
+from . import arrays, log
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import compile_plan
@@ -72,14 +72,17 @@ class Flow:
 
     def run(
         self, descriptor: Descriptor, start: Optional[Callable[..., Pending]], args: Tuple[Any, ...],
-        result: Any, keep: Any, async_op: bool,
+        result: Any, keep: Any, async_op: bool, stream: Any = None,
     ) -> Any:
         """Agree on ``descriptor``, start ``start(*args)`` (None: nothing to move) and complete
         it: return ``result`` once done, or a Work for it with ``async_op``. ``keep``: the
-        buffers the transfer reads and writes."""
+        buffers the transfer reads and writes; on a device transport they are recorded on
+        ``stream``, the one the transfer runs on."""
         began = time.perf_counter() if log.tracing() else 0.0
         self.agree(descriptor)
         pending = DONE if start is None else self.start(start, *args)
+        if self.transport.device_memory:
+            arrays.record_stream(stream, keep)
         if self.orphans:
             self.poll_orphans()
         if async_op:
