@@ -190,7 +190,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                         raise LayoutError(not_dense_message(f"allreduce_coalesced tensor {i}", t))
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
                 packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
-            with comm._covered(descriptor):
+            with comm.flow.covered(descriptor):
                 works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
 
             def finish() -> List[torch.Tensor]:
