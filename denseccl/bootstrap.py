@@ -2,7 +2,8 @@
 arguments.
 
 Policy knobs, each with an environment twin: ``backend`` (``DENSECCL_BACKEND``), ``check``
-(``DENSECCL_CHECK=always|off``), ``timeout`` in seconds (``DENSECCL_TIMEOUT``; 0 waits forever).
+(``DENSECCL_CHECK=always|off``), ``timeout`` in seconds (``DENSECCL_TIMEOUT``; 0 waits forever),
+``on_timeout`` (``DENSECCL_ON_TIMEOUT=raise|abort``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def init(
     check: Union[None, bool, str] = None,
     timeout: config.Seconds = None,
     comm: Any = None,
+    on_timeout: Optional[str] = None,
     **options: Any,
 ) -> Communicator:
     """Create a Communicator.
@@ -50,30 +52,37 @@ def init(
     whose input is invalid raises alone while its peers wait until the timeout. ``timeout``:
     seconds (or a ``datetime.timedelta``) a rank waits for its peers before
     :class:`CollectiveTimeoutError` (default ``DENSECCL_TIMEOUT``, else 300; 0 waits forever).
+    ``on_timeout``: ``"raise"`` (default ``DENSECCL_ON_TIMEOUT``, else raise) raises that error
+    and tells the peers, whose current or next call then raises
+    :class:`CommunicatorBrokenError`; ``"abort"`` ends the whole job instead (docs/faults.md).
     """
     given = backend
     backend = (backend or config.settings().backend or _default_backend()).lower()
     checking = _check_policy(check)
     seconds = config.timeout(timeout)
+    policy = config.on_timeout(on_timeout)
     _log_decisions(given, backend, check, checking, seconds)
     if backend == "mpi":
         if options:
             raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
-        return _init_mpi(comm, checking, seconds)
+        return _init_mpi(comm, checking, seconds, policy)
     if backend == "nccl":
         from .nccl_bootstrap import init_nccl  # noqa: PLC0415 - needs cupy
 
-        return init_nccl(comm=comm, check=checking, timeout=seconds, **options)
+        communicator = init_nccl(comm=comm, check=checking, timeout=seconds, **options)
+        communicator.flow.on_timeout = policy
+        return communicator
     raise DenseCCLError(f"unknown backend {backend!r}: use 'mpi' (host arrays) or 'nccl' (device arrays)")
 
 
-def _init_mpi(comm: Any, check: bool, timeout: Optional[float]) -> Communicator:
+def _init_mpi(comm: Any, check: bool, timeout: Optional[float], on_timeout: str) -> Communicator:
     MPI = _import_mpi()
-    from .transports.mpi import MPIControl, MPITransport  # noqa: PLC0415
+    from .transports.mpi import MPITransport, open_control  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
     _log_mpi(MPI, base)
-    return Communicator(MPITransport(base.Dup()), MPIControl(base.Dup()), check=check, timeout=timeout)
+    transport = MPITransport(base.Dup())
+    return Communicator(transport, open_control(base.Dup()), check=check, timeout=timeout, on_timeout=on_timeout)
 
 
 def _default_backend() -> str:

@@ -260,7 +260,7 @@ def init_nccl(
     elif kind == "mpi":
         from mpi4py import MPI  # noqa: PLC0415
 
-        from .transports.mpi import MPIControl  # noqa: PLC0415
+        from .transports.mpi import open_control  # noqa: PLC0415
 
         rank, size = comm.Get_rank(), comm.Get_size()
         if device is None:
@@ -273,7 +273,7 @@ def init_nccl(
         chosen = device
         _use_device(cupy, chosen)
         raw = comm.bcast(unique_id_bytes(nccl.get_unique_id()) if rank == 0 else None, root=0)
-        control = MPIControl(comm.Dup())
+        control = open_control(comm.Dup())
     else:
         rank, size = _env_int("RANK", rank), _env_int("WORLD_SIZE", size)
         if kind == "env":

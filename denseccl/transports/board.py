@@ -7,6 +7,10 @@ answer it through a shared page instead: each rank writes ``(digest, invalid)`` 
 call's sequence number into its own cache line, and reads its peers' lines once their sequence
 number has arrived.
 
+A last line holds a flag: the rank (plus one) that gave up on a call (a timeout). That rank
+also retracts its entries, so that no late peer agrees with an entry of the abandoned call,
+and a peer waiting on the board, or checking after its transfer, fails at once.
+
 Two sets of lines, used by alternate calls, make that safe without a second handshake: a rank
 rewrites a line for call ``k + 2`` only after it has seen every peer arrive at call ``k + 1``,
 and a peer arrives there only after it has read everything of call ``k``.
@@ -26,6 +30,7 @@ import time
 from typing import Any, Callable, Optional
 
 from .. import config
+from ..errors import peer_gave_up_error
 from .base import wait_until
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, padding)
@@ -62,6 +67,10 @@ class Board:
         self._sequence = 0
         #: drives the MPI library's progress while a wait lasts (Board.open sets an Iprobe)
         self.progress: Optional[Callable[[], Any]] = None
+        #: the word of the "gave up" flag: 0, or the rank that gave up plus one
+        self._flag = 2 * size * LINE
+        #: that word alone, for a check with no call: nonzero once a rank gave up
+        self.flag = self._words[self._flag : self._flag + 1]
         #: per call parity: (the start of my line, the starts of my peers' lines)
         self._lines = tuple(
             (base + rank * LINE, tuple(base + peer * LINE for peer in range(size) if peer != rank))
@@ -87,7 +96,7 @@ class Board:
         path = None
         if rank == 0:
             try:
-                path = _create(2 * size * LINE * 8)
+                path = _create(page_bytes(size))
             except OSError:
                 pass  # no board: the agreement takes the MPI path
         path = comm.bcast(path, root=0)
@@ -134,21 +143,44 @@ class Board:
                 return
         progress = self.progress
 
+        flag = self._flag
+
         def arrived() -> bool:
             # MPI moves this rank's nonblocking transfers only inside MPI calls, and the peer
             # may be waiting for one of them before it can get here
             if progress is not None:
                 progress()
+            if words[flag]:
+                raise peer_gave_up_error(words[flag] - 1)
             return words[line] == sequence
 
         wait_until(arrived, deadline, "the agreement step", spins=0)
+
+    def give_up(self) -> None:
+        """Raise the flag for this rank and retract its entries (see the module's docstring)."""
+        words = self._words
+        if not words[self._flag]:
+            words[self._flag] = self.rank + 1
+        for mine, _ in self._lines:
+            words[mine] = -1
+
+    def gave_up(self) -> Optional[int]:
+        """The rank that gave up on a call, or None."""
+        who = self._words[self._flag]
+        return who - 1 if who else None
 
     def close(self) -> None:
         """Unmap the page (local: peers need not take part)."""
         if self._mapping.closed:
             return
+        self.flag.release()
         self._words.release()
         self._mapping.close()
+
+
+def page_bytes(size: int) -> int:
+    """Bytes of the page: two lines per rank, then the flag's line."""
+    return (2 * size + 1) * LINE * 8
 
 
 def _create(length: int) -> str:
@@ -170,7 +202,7 @@ def _create(length: int) -> str:
 def _map(path: str, rank: int, size: int, crowded: bool) -> Board:
     descriptor = os.open(path, os.O_RDWR)
     try:
-        mapping = mmap.mmap(descriptor, 2 * size * LINE * 8)
+        mapping = mmap.mmap(descriptor, page_bytes(size))
     finally:
         os.close(descriptor)
     return Board(mapping, rank, size, crowded)

@@ -66,6 +66,7 @@ def run_ranks(
     timeout: float = 120.0,
     env: Optional[Dict[str, str]] = None,
     expect_failure: Optional[bool] = False,
+    mpiexec_flags: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """Run ``python script *args`` on ``nranks`` ranks; assert it succeeded (or failed, with
     ``expect_failure``; ``None`` asserts neither, for rank programs that leave with
@@ -77,7 +78,7 @@ def run_ranks(
     prefix, needs = launch(mpiexec(), nranks)
     environment.update(needs)
     environment.update(env or {})
-    command = [*prefix, sys.executable, str(script), *map(str, args)]
+    command = [prefix[0], *mpiexec_flags, *prefix[1:], sys.executable, str(script), *map(str, args)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
     )
@@ -96,3 +97,26 @@ def run_ranks(
             f"{' '.join(command)} exited with {process.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
         )
     return result
+
+
+def mpich_segments() -> set:
+    """The MPICH shared-memory segments in /dev/shm now."""
+    return set(Path("/dev/shm").glob("mpich_shm_*")) if Path("/dev/shm").is_dir() else set()
+
+
+def remove_orphaned_segments(before: set) -> None:
+    """Remove the MPICH segments that appeared since ``before`` and that no process maps any
+    more: a job whose ranks left through ``os._exit`` or were killed leaves them behind.
+    Segments of other jobs still running are mapped by them, so they stay."""
+    new = mpich_segments() - before
+    if not new:
+        return
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "mpich_shm_" in line)
+        except OSError:
+            continue
+    for segment in new:
+        if str(segment) not in mapped:
+            segment.unlink(missing_ok=True)
