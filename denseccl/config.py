@@ -17,6 +17,9 @@ variable                       meaning                                          
 ``DENSECCL_TORCH_POLL``        seconds between the torch progress thread's      adaptive
                                polls (0 spins, yielding the core)
 ``DENSECCL_DEBUG``             ``WARN`` / ``INFO`` / ``TRACE`` (logging)        ``WARN``
+``DENSECCL_WAIT``              ``auto`` / ``spin`` / ``yield``: how a rank      ``auto``
+                               waits for peers (auto: yield at once when the
+                               host's ranks share cores, else spin briefly)
 =============================  ===============================================  ==========
 """
 
@@ -43,6 +46,7 @@ _TRUE = frozenset({"1", "on", "true", "yes", "always"})
 _FALSE = frozenset({"0", "off", "false", "no", "never"})
 _KERNELS = ("auto", "native", "torch", "numpy")
 _DEBUG = ("WARN", "INFO", "TRACE")
+_WAITS = ("auto", "spin", "yield")
 _NAMES = (
     "DENSECCL_BACKEND",
     "DENSECCL_CHECK",
@@ -51,6 +55,7 @@ _NAMES = (
     "DENSECCL_HOST_KERNELS",
     "DENSECCL_TORCH_POLL",
     "DENSECCL_DEBUG",
+    "DENSECCL_WAIT",
 )
 
 Seconds = Union[None, int, float, datetime.timedelta]
@@ -67,6 +72,7 @@ class Settings:
     host_kernels: str
     torch_poll: Optional[float]
     debug: str
+    wait: str
 
 
 def flag(word: Union[bool, str], what: str) -> bool:
@@ -130,6 +136,9 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         debug = "WARN"
     if debug not in _DEBUG:
         raise DenseCCLError(f"DENSECCL_DEBUG must be one of {', '.join(_DEBUG)}, got {debug!r}")
+    wait = (values["DENSECCL_WAIT"] or "auto").strip().lower()
+    if wait not in _WAITS:
+        raise DenseCCLError(f"DENSECCL_WAIT must be one of {', '.join(_WAITS)}, got {wait!r}")
     return Settings(
         backend=backend,
         check=flag(values["DENSECCL_CHECK"] or "always", "DENSECCL_CHECK"),
@@ -138,6 +147,7 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         host_kernels=kernels,
         torch_poll=_seconds_or_none(values["DENSECCL_TORCH_POLL"], "DENSECCL_TORCH_POLL"),
         debug=debug,
+        wait=wait,
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
-from .transports.base import wait_until
+from .transports.base import WAITING, wait_until
 
 _ndarray = np.ndarray
 
@@ -40,6 +40,7 @@ def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Calla
     pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
     value = digest(descriptor)
     control = comm.control
+    spins = WAITING.spins(SPINS)  # none where ranks share cores: the peer needs this one
 
     def run(x: Any) -> Any:
         if comm._broken is not None:
@@ -50,7 +51,7 @@ def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Calla
                 if not control.all_equal(value, False, deadline):
                     disagree(control, descriptor, deadline)
             test = start(pointer_of(x) + offset)
-            for _ in range(SPINS):  # a small call is done before a deadline is worth computing
+            for _ in range(spins):  # a small call is done before a deadline is worth computing
                 if test():
                     return x
             wait_until(test, comm._deadline(), "MPI collective")

@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from ..ops import DType, Op
 
@@ -58,11 +59,44 @@ def abandon(*things: Any) -> None:
     _ABANDONED.append(things)
 
 
+class Waiting:
+    """How this process waits for its peers (one policy for the whole process: whether a peer
+    shares this rank's core is a fact of the host, not of a communicator).
+
+    Uncrowded, a wait polls ``spins`` times before it yields the core: a peer on another core
+    answers within microseconds, and a context switch would cost more than it saves. Crowded
+    (the host's ranks cannot each have a core of their own: cores.py), polling only keeps the
+    peer that must run off the core, so a wait yields after every poll. Bootstrap decides
+    (:meth:`note`); ``DENSECCL_WAIT`` (``spin`` / ``yield``) overrides it."""
+
+    __slots__ = ("crowded",)
+
+    def __init__(self) -> None:
+        #: the host's ranks share cores: never poll twice without yielding
+        self.crowded = False
+
+    def note(self, crowded: bool) -> None:
+        """Record what bootstrap found, unless ``DENSECCL_WAIT`` says otherwise. Only ever
+        turns crowding on: a sub-communicator's ranks compete for the cores with every other
+        rank of the host."""
+        policy = config.settings().wait
+        self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
+
+    def spins(self, spins: int) -> int:
+        """How many of ``spins`` polls a wait may take before it yields the core."""
+        return 0 if self.crowded else spins
+
+
+#: this process's waiting policy
+WAITING = Waiting()
+
+
 def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64) -> None:
-    """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
-    (ranks may outnumber cores), then sleep briefly (a long wait for a slow peer should not burn
-    a core). Raise :class:`CollectiveTimeoutError` once ``deadline`` has passed."""
-    for _ in range(spins):
+    """Poll ``test`` until it is true: spin up to ``spins`` times first (latency; none where
+    ranks share cores, see :class:`Waiting`), then yield the core after every poll, then sleep
+    briefly (a long wait for a slow peer should not burn a core). Raise
+    :class:`CollectiveTimeoutError` once ``deadline`` has passed."""
+    for _ in range(WAITING.spins(spins)):
         if test():
             return
     started = time.monotonic()

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
-from . import host_kernels
+from . import cores, host_kernels
 from .base import ControlChannel, Pending, Transport, abandon, wait_until
 from .board import Board
 
@@ -295,10 +295,12 @@ class MPIControl(ControlChannel):
         self._three = bytearray(24)
         self._three_message = [self._three, 3, MPI.INT64_T]
         self._iallreduce = comm.Iallreduce
+        if crowded is None and self.size > 1:
+            crowded = cores.host_crowded(comm)
         #: the shared-memory board, or None where the agreement takes the MPI allreduce
         self.board: Optional[Board] = Board.open(comm, crowded) if self.size > 1 else None
-        #: more ranks on this host than cores (passed on to splits); None where unknown
-        self.crowded = self.board.crowded if self.board is not None else crowded
+        #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
+        self.crowded = crowded
         if self.board is not None:
             self.all_equal = self.board.all_equal  # type: ignore[method-assign]
 

@@ -37,16 +37,17 @@ def run_ranks(
     timeout: float = 120.0,
     env: Optional[Dict[str, str]] = None,
     expect_failure: Optional[bool] = False,
+    prefix: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """Run ``python script *args`` on ``nranks`` ranks; assert it succeeded (or failed, with
     ``expect_failure``; ``None`` asserts neither, for rank programs that leave with
     ``os._exit`` and whose summaries are the verdict) and return the completed process (stdout
-    and stderr as text)."""
+    and stderr as text). ``prefix``: a command that runs mpiexec (e.g. ``taskset -c 0``)."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.setdefault("DENSECCL_TIMEOUT", "60")
     environment.update(env or {})
-    command = [mpiexec(), "-n", str(nranks), sys.executable, str(script), *map(str, args)]
+    command = [*prefix, mpiexec(), "-n", str(nranks), sys.executable, str(script), *map(str, args)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
     )
