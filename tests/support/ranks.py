@@ -29,6 +29,20 @@ def mpiexec() -> str:
     return found
 
 
+def kill_session(session: int) -> None:
+    """SIGKILL every process of ``session`` (a job started with ``start_new_session``): MPICH's
+    launcher gives each rank a process group of its own, so killing the launcher's group
+    leaves the ranks running."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == session:
+                os.kill(int(entry), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def run_ranks(
     nranks: int,
     script: os.PathLike | str,
@@ -54,7 +68,7 @@ def run_ranks(
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_session(process.pid)
         stdout, stderr = process.communicate()
         raise AssertionError(
             f"{' '.join(command)} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
