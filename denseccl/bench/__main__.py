@@ -79,6 +79,20 @@ def _gpu_problem() -> Optional[str]:
     return None
 
 
+def _cores_line(world: Any) -> str:
+    """Where rank 0 runs and how denseccl waits there (docs/performance-pinning.md).
+    Collective over ``world``: the ranks of each host compare their placements."""
+    from ..transports.base import WAITING  # noqa: PLC0415
+    from ..transports.cores import host_crowded, local_placement, usable_cores  # noqa: PLC0415
+
+    crowded = host_crowded(world)
+    here = local_placement()
+    quota = f", cgroup quota {here.limit:g} cores" if here.limit is not None else ""
+    shared = "ranks of this host share cores" if crowded else "a core per rank"
+    waits = "yield at once" if WAITING.crowded else "spin briefly, then yield"
+    return f"#  cores: rank 0 may use {usable_cores(here)} (affinity {sorted(here.cpus)}{quota}); {shared}: waits {waits}"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -143,6 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
     for note in notes:
         say(f"#  skipped contender: {note}")
+    say(_cores_line(job.world))
 
     def emit(kind: str, payload: Any) -> None:
         if kind == "block":

@@ -84,9 +84,12 @@ class Waiting:
 
     def spins(self, spins: int) -> int:
         """How many of ``spins`` polls a wait may take before it yields the core."""
-        return 0 if self.crowded else spins
+        return min(spins, CROWDED_SPINS) if self.crowded else spins
 
 
+#: polls a crowded wait may take before it yields: a request that needs only this rank's
+#: progress (MPI's schedule moving to its next step) finishes without a round through the peer
+CROWDED_SPINS = 0
 #: this process's waiting policy
 WAITING = Waiting()
 

@@ -156,10 +156,14 @@ class Board:
 def _allocate(MPI: Any, node: Any, nbytes: int) -> Any:
     """The shared window: all of it on the node's first rank, zeroed before anyone reads it,
     in a passive-target epoch that lasts until the board closes (what ``Win.Sync`` needs);
-    None where the MPI library cannot make one."""
+    None where the MPI library cannot make one in the unified memory model (collective: the
+    model is the window's, the same on every rank)."""
     try:
         window = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 8, comm=node)
     except MPI.Exception:
+        return None
+    if window.model != MPI.WIN_UNIFIED:  # loads and stores would not see the window's public copy
+        _RETIRED.append(window)
         return None
     window.Lock_all(MPI.MODE_NOCHECK)
     if node.Get_rank() == 0:
