@@ -113,6 +113,8 @@ class Board:
         words[mine + 2] = 1 if invalid else 0
         self._sync()  # the values before the sequence number
         words[mine] = sequence  # a peer that sees it sees the values too
+        if self.crowded:
+            WAITING.ring()  # a peer may sleep waiting for this sequence number
         for line in peers:
             if words[line] != sequence:
                 self._wait(line, sequence, deadline)
@@ -138,7 +140,7 @@ class Board:
             sync()
             return words[line] == sequence
 
-        wait_until(arrived, deadline, "the agreement step", spins=0)
+        wait_until(arrived, deadline, "the agreement step", spins=0, burst=1)
 
     def close(self) -> None:
         """Stop using the page (local: peers need not take part)."""

@@ -25,6 +25,7 @@ import os
 from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .base import WAITING
+from .doorbell import Doorbells
 
 class Placement(NamedTuple):
     """What one rank may use: its affinity mask, and its cgroup with that cgroup's CPU limit."""
@@ -172,15 +173,17 @@ def crowded(node: Any) -> bool:
 
 def host_crowded(comm: Any) -> bool:
     """Collective over the mpi4py communicator ``comm``: whether its ranks on this host are
-    crowded; recorded in this process's wait policy (``base.WAITING``)."""
+    crowded; recorded in this process's wait policy (``base.WAITING``) with the host's
+    doorbells (doorbell.py) where they are."""
     from mpi4py import MPI  # noqa: PLC0415 - only MPI jobs exchange placements
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         found = crowded(node)
+        doorbells = Doorbells.open(node) if found and node.Get_size() > 1 else None
     finally:
         node.Free()
-    WAITING.note(found)
+    WAITING.note(found, doorbells)
     return found
 
 

@@ -9,7 +9,8 @@ MASKS (optional), e.g. ``0/0,1``: rank r pins itself to the r-th ``/``-separated
 before MPI starts (what ``taskset`` or Slurm's ``--cpu-bind`` would do to it, per rank).
 
 Checks, on every rank: the communicator's control channel, its board (when it has one) and a
-split of it say crowded exactly when expected, and the wait policy yields when expected; the board's
+split of it say crowded exactly when expected, the wait policy gives the core up when expected, and
+crowded ranks sleep on doorbells; the board's
 page is not a file of ours (no ``denseccl`` mapping in /proc/self/maps); a few allreduces on
 the plan path and the full path give the NumPy sum of every rank's input.
 """
@@ -29,6 +30,7 @@ import numpy as np  # noqa: E402 - after pinning, as a launcher would have pinne
 
 import denseccl  # noqa: E402
 from denseccl.transports.base import WAITING  # noqa: E402
+from denseccl.transports.doorbell import futex_call  # noqa: E402
 from tests.mpi.ranks.common import Checker  # noqa: E402
 
 comm = denseccl.init("mpi")
@@ -37,6 +39,10 @@ checker = Checker("pinning", rank, size)
 control = comm.control
 checker.check(control.crowded is expect_crowded, f"control.crowded is {control.crowded}, expected {expect_crowded} (affinity {sorted(os.sched_getaffinity(0))})")
 checker.check(WAITING.crowded is expect_yielding, f"the wait policy says crowded={WAITING.crowded}, expected {expect_yielding}")
+if expect_crowded and futex_call() is not None:
+    checker.check(WAITING.doorbells is not None and WAITING.doorbells.size == size, "crowded ranks have no doorbells to sleep on")
+if not expect_crowded:
+    checker.check(WAITING.doorbells is None, "doorbells on a host whose ranks have a core each")
 if control.board is not None:
     checker.check(control.board.crowded is expect_crowded, f"board.crowded is {control.board.crowded}")
 sub = comm.split(0, rank)
