@@ -89,7 +89,9 @@ def _cores_line(world: Any) -> str:
     here = local_placement()
     quota = f", cgroup quota {here.limit:g} cores" if here.limit is not None else ""
     shared = "ranks of this host share cores" if crowded else "a core per rank"
-    waits = "yield at once" if WAITING.crowded else "spin briefly, then yield"
+    waits = "spin briefly, then yield"
+    if WAITING.crowded:
+        waits = "sleep on doorbells" if WAITING.doorbells is not None else "yield at once"
     return f"#  cores: rank 0 may use {usable_cores(here)} (affinity {sorted(here.cpus)}{quota}); {shared}: waits {waits}"
 
 

@@ -69,7 +69,8 @@ class Waiting:
     peer that must run off the core, so a wait gives the core up from its first turn on, after
     a short burst of polls each turn (:data:`CROWDED_BURST`): it sleeps on its doorbell where
     the host has them (doorbell.py), else it yields. Bootstrap decides (:meth:`note`);
-    ``DENSECCL_WAIT`` (``spin`` / ``yield``) overrides it."""
+    ``DENSECCL_WAIT`` overrides it: ``spin`` waits as if uncrowded, ``yield`` as if crowded but
+    yielding instead of sleeping."""
 
     __slots__ = ("crowded", "doorbells")
 
@@ -85,7 +86,7 @@ class Waiting:
         rank of the host. ``doorbells``: the host's (the largest set wins)."""
         policy = config.settings().wait
         self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        if doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size):
+        if policy == "auto" and doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size):
             if self.doorbells is not None:
                 self.doorbells.retire()
             self.doorbells = doorbells
