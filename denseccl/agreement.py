@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Dict, List, NamedTuple, NoReturn, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
 from .layout import LayoutKey
@@ -92,12 +92,12 @@ def _error_text(error: Optional[BaseException]) -> Optional[str]:
     return f"{type(error).__name__}: {error}"
 
 
-def _descriptor(raw: Sequence[object]) -> Descriptor:
+def _descriptor(raw: Sequence[Any]) -> Descriptor:
     collective, root, op, key = raw
     if key is not None:
-        dtype, shape, strides = key  # type: ignore[misc]
+        dtype, shape, strides = key
         key = (dtype, tuple(shape), tuple(strides))
-    return Descriptor(collective, root, op, key)  # type: ignore[arg-type]
+    return Descriptor(collective, root, op, key)
 
 
 def _rank_list(ranks: List[int]) -> str:

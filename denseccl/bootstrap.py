@@ -2,14 +2,17 @@
 arguments.
 
 Policy knobs, each with an environment twin: ``backend`` (``DENSECCL_BACKEND``), ``check``
-(``DENSECCL_CHECK=always|off``), ``timeout`` in seconds (``DENSECCL_TIMEOUT``; 0 waits forever).
+(``DENSECCL_CHECK=always|off``), ``timeout`` in seconds (``DENSECCL_TIMEOUT``; 0 waits forever),
+``on_timeout`` (``DENSECCL_ON_TIMEOUT=raise|abort``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, Optional, Union
 
-from . import config
+from . import config, log
 from .communicator import Communicator
 from .errors import DenseCCLError
 
@@ -36,6 +39,7 @@ def init(
     check: Union[None, bool, str] = None,
     timeout: config.Seconds = None,
     comm: Any = None,
+    on_timeout: Optional[str] = None,
     **options: Any,
 ) -> Communicator:
     """Create a Communicator.
@@ -48,27 +52,37 @@ def init(
     whose input is invalid raises alone while its peers wait until the timeout. ``timeout``:
     seconds (or a ``datetime.timedelta``) a rank waits for its peers before
     :class:`CollectiveTimeoutError` (default ``DENSECCL_TIMEOUT``, else 300; 0 waits forever).
+    ``on_timeout``: ``"raise"`` (default ``DENSECCL_ON_TIMEOUT``, else raise) raises that error
+    and tells the peers, whose current or next call then raises
+    :class:`CommunicatorBrokenError`; ``"abort"`` ends the whole job instead (docs/faults.md).
     """
+    given = backend
     backend = (backend or config.settings().backend or _default_backend()).lower()
     checking = _check_policy(check)
     seconds = config.timeout(timeout)
+    policy = config.on_timeout(on_timeout)
+    _log_decisions(given, backend, check, checking, seconds)
     if backend == "mpi":
         if options:
             raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
-        return _init_mpi(comm, checking, seconds)
+        return _init_mpi(comm, checking, seconds, policy)
     if backend == "nccl":
         from .nccl_bootstrap import init_nccl  # noqa: PLC0415 - needs cupy
 
-        return init_nccl(comm=comm, check=checking, timeout=seconds, **options)
+        communicator = init_nccl(comm=comm, check=checking, timeout=seconds, **options)
+        communicator.flow.on_timeout = policy
+        return communicator
     raise DenseCCLError(f"unknown backend {backend!r}: use 'mpi' (host arrays) or 'nccl' (device arrays)")
 
 
-def _init_mpi(comm: Any, check: bool, timeout: Optional[float]) -> Communicator:
+def _init_mpi(comm: Any, check: bool, timeout: Optional[float], on_timeout: str) -> Communicator:
     MPI = _import_mpi()
-    from .transports.mpi import MPIControl, MPITransport  # noqa: PLC0415
+    from .transports.mpi import MPITransport, open_control  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
-    return Communicator(MPITransport(base.Dup()), MPIControl(base.Dup()), check=check, timeout=timeout)
+    _log_mpi(MPI, base)
+    transport = MPITransport(base.Dup())
+    return Communicator(transport, open_control(base.Dup()), check=check, timeout=timeout, on_timeout=on_timeout)
 
 
 def _default_backend() -> str:
@@ -78,3 +92,44 @@ def _default_backend() -> str:
     except ImportError:
         return "mpi"
     return "nccl" if nccl_usable() else "mpi"
+
+
+# -- DENSECCL_DEBUG=INFO: what the bootstrap decided, and why --------------------------------------
+
+
+def _log_decisions(given: Optional[str], backend: str, check: Any, checking: bool, seconds: Optional[float]) -> None:
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):  # the rank, before a communicator says
+        if os.environ.get(name, "").isdigit():
+            log.set_rank(int(os.environ[name]))
+            break
+    source = "the argument" if given else "DENSECCL_BACKEND" if config.settings().backend else "the default"
+    if source == "the default" and backend != "nccl":
+        try:
+            from .nccl_bootstrap import nccl_missing  # noqa: PLC0415
+
+            source += f" (not nccl: {nccl_missing()})"
+        except ImportError:
+            pass
+    log.info("init: backend %s, from %s", backend, source)
+    log.info("init: agreement check %s (from %s), timeout %s", "always" if checking else "off",
+             "the argument" if check is not None else "DENSECCL_CHECK or the default",
+             "none" if seconds is None else f"{seconds:g} s")
+
+
+def _log_mpi(MPI: Any, base: Any) -> None:  # noqa: N803 - the module's own name
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    import mpi4py  # noqa: PLC0415
+
+    from .transports import host_kernels  # noqa: PLC0415
+
+    log.set_rank(MPI.COMM_WORLD.Get_rank())
+    library = " ".join(str(MPI.Get_library_version()).splitlines()[0].split())
+    which = "the world" if base == MPI.COMM_WORLD else "a given"
+    log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s", base.Get_rank(), base.Get_size(),
+             MPI.Get_processor_name(), which, library, mpi4py.__version__)
+    log.info("init: float16/bfloat16 reductions on %s kernels (DENSECCL_HOST_KERNELS=%s)",
+             "the compiled" if host_kernels.native_available() else "torch's or NumPy's (compiled ones not built)",
+             config.settings().host_kernels)

@@ -1,25 +1,26 @@
-"""The Communicator: validate locally, agree across ranks, then run the transport on spans.
+"""The Communicator: validate locally, then run the one flow (flow.py): agree -> start -> complete.
 
-Every collective follows one flow: array -> Buffer -> layout checks -> agreement -> transport.
-A rank whose input fails validation still joins the agreement step (as "invalid") so that every
-rank raises and nobody is left waiting; nothing is written before agreement succeeds.
+Each collective validates its inputs into a descriptor and a transport call; a rank whose input
+fails validation still joins the agreement step (as "invalid", :meth:`Flow.fail`) so that every
+rank raises and nobody is left waiting; nothing is written before agreement succeeds. A
+synchronous in-place call on a host array leaves a plan that replays it (plans.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from . import arrays
-from .agreement import Descriptor, agree
+from . import arrays, config
+from .agreement import Descriptor
 from .arrays import HOST, Buffer, allocate, as_buffer
-from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from .errors import LayoutError
+from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import DTYPES, Op, OpLike, as_op, check_op_for_dtype
-from .transports.base import DONE, ControlChannel, Pending, Transport, abandon
-from .plans import compile_plan, lookup, remember, writable
-from .work import Orphans, Work
+from .plans import lookup, remember, writable
+from .transports.base import ControlChannel, Transport
+from .work import Work
+
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:
     return buffer.span_pointer, buffer.layout.numel * buffer.layout.itemsize
@@ -29,36 +30,55 @@ class Communicator:
     """Collectives among ``size`` ranks on arrays of any non-overlapping dense layout.
 
     Create one with :func:`denseccl.init`. Results keep the input's layout; in-place calls
-    return the input itself.
+    return the input itself. ``flow`` is the interface for code built on the core (flow.py).
     """
 
-    def __init__(self, transport: Transport, control: ControlChannel, *, check: bool = True, timeout: Optional[float] = 300.0) -> None:
+    def __init__(
+        self, transport: Transport, control: ControlChannel, *, check: bool = True, timeout: Optional[float] = 300.0,
+        on_timeout: Optional[str] = None,
+    ) -> None:
+        self.flow = Flow(transport, control, check=check, timeout=timeout, on_timeout=config.on_timeout(on_timeout))
         self.transport = transport
         self.control = control
         self.rank: int = transport.rank
         self.size: int = transport.size
         self.backend: str = transport.name
-        self.check = check
-        self.timeout = timeout if timeout and timeout > 0 else None
-        self._broken: Optional[str] = None
-        #: per-geometry plans of repeated synchronous in-place calls on NumPy arrays (plans.py)
-        self._plans: dict = {}
-        self._orphans = Orphans(self)
+
+    @property
+    def check(self) -> bool:
+        """Whether the cross-rank agreement check runs before each collective."""
+        return self.flow.check
+
+    @check.setter
+    def check(self, value: bool) -> None:
+        self.flow.check = bool(value)
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds a rank waits for its peers (None: forever)."""
+        return self.flow.timeout
+
+    @timeout.setter
+    def timeout(self, value: Optional[float]) -> None:
+        self.flow.timeout = value if value and value > 0 else None
 
     def __repr__(self) -> str:
-        state = f", broken: {self._broken}" if self._broken else ""
+        state = f", broken: {self.flow.broken}" if self.flow.broken else ""
         return f"<denseccl.Communicator backend={self.backend} rank={self.rank} size={self.size}{state}>"
 
     # -- collectives -------------------------------------------------------------------------
 
-    def allreduce(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def allreduce(
+        self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
         if out is None and stream is None and not async_op and type(op) is str:
-            key, run = lookup(self._plans, "allreduce", x, op)
+            key, run = lookup(self.flow.plans, "allreduce", x, op)
             if run is not None and writable(x):
                 return run(x)
-        self._usable()
+        flow = self.flow
+        flow.usable()
         try:
             reduce_op = as_op(op)
             source = self._input(x, writable=out is None)
@@ -67,29 +87,28 @@ class Communicator:
             target = source if out is None else self._output(out, source.layout, "out", forbid_overlap_with=source)
             descriptor = Descriptor("allreduce", None, str(reduce_op), source.layout.key)
         except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
-            self._fail("allreduce", error)
-        self._agree(descriptor)
+            flow.fail("allreduce", error)
         count, dtype, transport = source.layout.numel, DTYPES[source.layout.dtype], self.transport
-        if not count:
-            pending = DONE
-        elif async_op:
-            pending = self._guard(transport.allreduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
-        else:  # waited for here: the transport may split it into calls issued one after the other
-            self._guard(transport.allreduce_now, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream, self._deadline())
-            pending = DONE
+        # waited for at once: the transport may split it into calls issued one after the other
+        start = None if not count else transport.allreduce if async_op else transport.allreduce_now
+        args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
+        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
         if key is not None and count and not transport.device_memory:
-            self._plan(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
-        return self._complete(pending, target.owner, async_op, (source, target))
+            self._remember(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
+        return result
 
-    def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def reduce(
+        self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
         if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
-            key, run = lookup(self._plans, "reduce", x, (op, root))
+            key, run = lookup(self.flow.plans, "reduce", x, (op, root))
             if run is not None and (self.rank != root or writable(x)):
                 return run(x)
-        self._usable()
+        flow = self.flow
+        flow.usable()
         try:
             root = self._root(root)
             reduce_op = as_op(op)
@@ -102,23 +121,24 @@ class Communicator:
                 target = self._output(out, source.layout, "out", forbid_overlap_with=source)
             descriptor = Descriptor("reduce", root, str(reduce_op), source.layout.key)
         except Exception as error:  # noqa: BLE001
-            self._fail("reduce", error)
-        self._agree(descriptor)
-        count = source.layout.numel
-        dtype = DTYPES[source.layout.dtype]
-        pending = self._guard(self.transport.reduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream) if count else DONE
+            flow.fail("reduce", error)
+        count, dtype = source.layout.numel, DTYPES[source.layout.dtype]
+        args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream)
+        start = self.transport.reduce if count else None
+        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
         if key is not None and count and not self.transport.device_memory:
-            self._plan(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
-        return self._complete(pending, target.owner, async_op, (source, target))
+            self._remember(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
+        return result
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
         key = None
         if type(root) is int and not async_op and stream is None:
-            key, run = lookup(self._plans, "broadcast", x, root)
+            key, run = lookup(self.flow.plans, "broadcast", x, root)
             if run is not None and (self.rank == root or writable(x)):
                 return run(x)
-        self._usable()
+        flow = self.flow
+        flow.usable()
         try:
             root = self._root(root)
             buffer = self._input(x, writable=self.rank != root)
@@ -126,18 +146,20 @@ class Communicator:
             self._check_dtype(buffer)
             descriptor = Descriptor("broadcast", root, None, buffer.layout.key)
         except Exception as error:  # noqa: BLE001
-            self._fail("broadcast", error)
-        self._agree(descriptor)
-        count = buffer.layout.numel
-        pending = self._guard(self.transport.broadcast, buffer.span_pointer, count, DTYPES[buffer.layout.dtype], root, stream) if count else DONE
+            flow.fail("broadcast", error)
+        count, dtype = buffer.layout.numel, DTYPES[buffer.layout.dtype]
+        args = (buffer.span_pointer, count, dtype, root, stream)
+        start = self.transport.broadcast if count else None
+        result = flow.run(descriptor, start, args, buffer.owner, buffer, async_op, stream)
         if key is not None and count and not self.transport.device_memory:
-            self._plan(key, descriptor, buffer, self.transport.in_place("broadcast", count, DTYPES[buffer.layout.dtype], None, root))
-        return self._complete(pending, buffer.owner, async_op, buffer)
+            self._remember(key, descriptor, buffer, self.transport.in_place("broadcast", count, dtype, None, root))
+        return result
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Gather every rank's ``x`` into a stacked array of shape ``(size, *x.shape)`` whose
         block ``r`` is rank ``r``'s ``x`` with ``x``'s layout (a new array unless ``out``)."""
-        self._usable()
+        flow = self.flow
+        flow.usable()
         try:
             source = self._input(x, writable=False)
             stream = self._stream(source, stream)
@@ -150,16 +172,19 @@ class Communicator:
                 target = as_buffer(allocate(source, stacked(block, self.size)))
             descriptor = Descriptor("allgather", None, None, block.key)
         except Exception as error:  # noqa: BLE001
-            self._fail("allgather", error)
-        self._agree(descriptor)
+            flow.fail("allgather", error)
         count = block.numel
-        pending = self._guard(self.transport.allgather, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream) if count else DONE
-        return self._complete(pending, target.owner, async_op, (source, target))
+        args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream)
+        start = self.transport.allgather if count else None
+        return flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
 
-    def reduce_scatter(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
+    def reduce_scatter(
+        self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
+    ) -> Any:
         """Reduce the stacked ``x`` (shape ``(size, *s)``) over ranks and give rank ``r`` block
         ``r`` of the result, with the blocks' layout (a new array unless ``out``)."""
-        self._usable()
+        flow = self.flow
+        flow.usable()
         try:
             reduce_op = as_op(op)
             source = self._input(x, writable=False, dense_required=False)
@@ -179,55 +204,48 @@ class Communicator:
                 target = as_buffer(allocate(source, block))
             descriptor = Descriptor("reduce_scatter", None, str(reduce_op), block.key)
         except Exception as error:  # noqa: BLE001
-            self._fail("reduce_scatter", error)
-        self._agree(descriptor)
+            flow.fail("reduce_scatter", error)
         count = block.numel
-        pending = self._guard(self.transport.reduce_scatter, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream) if count else DONE
-        return self._complete(pending, target.owner, async_op, (source, target))
+        args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream)
+        start = self.transport.reduce_scatter if count else None
+        return flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
-        self._usable()
-        self._agree(Descriptor("barrier"))
-        self._complete(self._guard(self.transport.barrier), None, False, None)
+        self.flow.usable()
+        self.flow.run(Descriptor("barrier"), self.transport.barrier, (), None, None, False)
 
     def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
         """A communicator over the ranks that pass the same ``color`` (a non-negative int),
         ranked by ``key`` then by rank; None on ranks that pass ``color=None``. Every rank
         must call it (MPI ``Comm.Split``; ``ncclCommSplit`` for NCCL >= 2.18)."""
-        self._usable()
+        flow = self.flow
+        flow.usable()
         try:
             if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
                 raise LayoutError(f"color must be a non-negative int or None, got {color!r}")
             key = int(key)
         except Exception as error:  # noqa: BLE001 - peers must not wait in the split forever
-            self._fail("split", error)
-        self._agree(Descriptor("split"))
-        control = self._guard(self.control.split, color, key, self._deadline())
-        transport = self._guard(self.transport.split, color, key)
+            flow.fail("split", error)
+        flow.agree(Descriptor("split"))
+        control = flow.start(self.control.split, color, key, flow.deadline())
+        transport = flow.start(self.transport.split, color, key)
         if transport is None or control is None:
             return None
-        return Communicator(transport, control, check=self.check, timeout=self.timeout)
+        return Communicator(transport, control, check=flow.check, timeout=flow.timeout, on_timeout=flow.on_timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     @property
     def broken(self) -> Optional[str]:
-        """Why the communicator can no longer be used, or None."""
-        if self._broken is None:
-            self._broken = self.transport.failure()  # e.g. a device watchdog's verdict
-        return self._broken
+        """Why the communicator can no longer be used (a timeout here, a peer that gave up, a
+        device watchdog's verdict, closed), or None."""
+        return self.flow.state()
 
     def close(self) -> None:
         """Complete the Works dropped before they had completed (within the timeout), then
         release the transport and control channel. The communicator is unusable after."""
-        if self._broken != "closed":
-            try:
-                self._orphans.wait(self._deadline())
-            finally:
-                self._broken = "closed"
-                self.transport.close()
-                self.control.close()
+        self.flow.close()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -235,19 +253,12 @@ class Communicator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the steps ---------------------------------------------------------------------------
+    # -- validation --------------------------------------------------------------------------
 
-    def _usable(self) -> None:
-        if self._broken is None:
-            self._broken = self.transport.failure()
-        if self._broken is not None:
-            raise CommunicatorBrokenError(
-                f"this communicator is unusable ({self._broken}); create a new one with denseccl.init()"
-            )
-
-    def _deadline(self, timeout: Optional[float] = None) -> Optional[float]:
-        timeout = self.timeout if timeout is None else timeout
-        return None if timeout is None else time.monotonic() + timeout
+    def _remember(self, key: Any, descriptor: Descriptor, buffer: Buffer, start: Any) -> None:
+        run = self.flow.plan(descriptor, buffer, start)
+        if run is not None:
+            remember(self.flow.plans, key, run)
 
     def _input(self, x: Any, *, writable: bool, dense_required: bool = True) -> Buffer:
         buffer = as_buffer(x)
@@ -262,7 +273,9 @@ class Communicator:
             )
         return buffer
 
-    def _output(self, out: Any, layout: Layout, name: str, *, forbid_overlap_with: Buffer, allow_alias: bool = True) -> Buffer:
+    def _output(
+        self, out: Any, layout: Layout, name: str, *, forbid_overlap_with: Buffer, allow_alias: bool = True
+    ) -> Buffer:
         buffer = as_buffer(out)
         self._check_device(buffer, name)
         _check_resolved(buffer, name)
@@ -275,8 +288,11 @@ class Communicator:
         if buffer.readonly:
             raise LayoutError(f"{name} is read-only; pass a writable array")
         if buffer.device != forbid_overlap_with.device:
-            raise LayoutError(f"{name} is on another device than the input ({buffer.describe()} vs {forbid_overlap_with.describe()})")
-        same = buffer.span_pointer == forbid_overlap_with.span_pointer and buffer.layout.key == forbid_overlap_with.layout.key
+            raise LayoutError(
+                f"{name} is on another device than the input ({buffer.describe()} vs {forbid_overlap_with.describe()})"
+            )
+        other = forbid_overlap_with
+        same = buffer.span_pointer == other.span_pointer and buffer.layout.key == other.layout.key
         if not (allow_alias and same) and overlap(*_spans(buffer), *_spans(forbid_overlap_with)):
             raise LayoutError(
                 f"{name} overlaps the input's memory without being the same array; pass the input itself "
@@ -290,7 +306,10 @@ class Communicator:
         _check_resolved(buffer, name)
         problem = stacked_problem(buffer.layout, self.size)
         if problem is None and block_of(buffer.layout).key != block.key:
-            problem = f"its blocks {name}[r] have layout {block_of(buffer.layout).describe()}, not the input's {block.describe()}"
+            problem = (
+                f"its blocks {name}[r] have layout {block_of(buffer.layout).describe()}, "
+                f"not the input's {block.describe()}"
+            )
         if problem is not None:
             raise LayoutError(
                 f"{name} {buffer.layout.describe()} is not a stacked buffer for {self.size} ranks of "
@@ -314,8 +333,13 @@ class Communicator:
         on_device = buffer.device != HOST
         if on_device != self.transport.device_memory:
             where = "device (CUDA)" if on_device else "host"
-            wanted = "device arrays: use denseccl.init(backend='nccl')" if on_device else "host arrays: use denseccl.init(backend='mpi')"
-            raise LayoutError(f"{name} is a {where} array, but the {self.backend} transport moves {'device' if self.transport.device_memory else 'host'} memory only; for {wanted}")
+            wanted = "device arrays: use denseccl.init(backend='nccl')"
+            if not on_device:
+                wanted = "host arrays: use denseccl.init(backend='mpi')"
+            moves = "device" if self.transport.device_memory else "host"
+            raise LayoutError(
+                f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for {wanted}"
+            )
         bound = self.transport.device
         if on_device and bound is not None and buffer.device != bound:
             raise LayoutError(
@@ -331,7 +355,9 @@ class Communicator:
         """For collectives without an op: the transport must be able to move the dtype."""
         if buffer.layout.dtype not in self.transport.dtypes:
             supported = ", ".join(sorted(self.transport.dtypes))
-            raise LayoutError(f"dtype {buffer.layout.dtype} is not supported by the {self.backend} transport (supported: {supported})")
+            raise LayoutError(
+                f"dtype {buffer.layout.dtype} is not supported by the {self.backend} transport (supported: {supported})"
+            )
 
     def _check_op(self, op: Op, buffer: Buffer) -> None:
         check_op_for_dtype(op, DTYPES[buffer.layout.dtype], self.transport.dtypes, self.backend)
@@ -341,71 +367,6 @@ class Communicator:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
             raise LayoutError(f"root {root!r} is not a rank of this communicator (0 <= root < {self.size})")
         return int(root)
-
-    @contextlib.contextmanager
-    def _covered(self, descriptor: Descriptor) -> Iterator[None]:
-        """Agree once on ``descriptor`` for a composite call (torch's coalesced allreduce: one
-        descriptor for all its tensors); the collectives issued inside are covered by it and
-        skip their own agreement step. They run on buffers the caller built from the agreed
-        inputs, so they cannot disagree."""
-        self._agree(descriptor)
-        check, self.check = self.check, False
-        try:
-            yield
-        finally:
-            self.check = check
-
-    def _agree(self, descriptor: Descriptor) -> None:
-        if self.check and self.size > 1:
-            self._guard(agree, self.control, descriptor, self._deadline())
-
-    def _fail(self, collective: str, error: BaseException) -> None:
-        """Take part in the agreement as invalid, so that every rank raises; then raise."""
-        if self.check and self.size > 1:
-            try:
-                agree(self.control, Descriptor(collective), self._deadline(), error)
-            except Exception as raised:
-                if raised is not error:  # the local error itself leaves the communicator usable
-                    self._note_failure(raised)
-                raise
-        raise error
-
-    def _guard(self, step: Any, *args: Any) -> Any:
-        try:
-            return step(*args)
-        except Exception as error:
-            self._note_failure(error)
-            raise
-
-    def _note_failure(self, error: Exception) -> None:
-        """Mark the communicator broken after a timeout or a transport failure (not after a
-        local or agreement error, which leave it usable)."""
-        if isinstance(error, CollectiveTimeoutError):
-            self._broken = f"timed out: {error}"
-        elif not isinstance(error, DenseCCLError):
-            self._broken = f"transport failure: {type(error).__name__}: {error}"
-
-    def _wait(self, pending: Pending, timeout: Optional[float] = None) -> None:
-        self._guard(pending.wait, self._deadline(timeout))
-
-    def _synchronize(self, pending: Pending, timeout: Optional[float] = None) -> None:
-        self._guard(pending.synchronize, self._deadline(timeout))
-
-    def _plan(self, key: Any, descriptor: Descriptor, buffer: Buffer, start: Any) -> None:
-        if start is not None:  # None: the transport wants the full path every time
-            remember(self._plans, key, compile_plan(self, descriptor, buffer, start))
-
-    def _complete(self, pending: Pending, result: Any, async_op: bool, keep: Any) -> Any:
-        if self._orphans:
-            self._orphans.poll()
-        if async_op:
-            return Work(self, pending, result, keep)
-        try:
-            self._wait(pending)
-        except BaseException:
-            abandon(pending, keep)  # a timed-out request may still touch them
-            raise
-        return result
 
 
 def _check_resolved(buffer: Buffer, name: str) -> None:

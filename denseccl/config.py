@@ -12,6 +12,8 @@ variable                       meaning                                          
 ``DENSECCL_BACKEND``           ``mpi`` or ``nccl`` for ``denseccl.init()``     chosen
 ``DENSECCL_CHECK``             ``always`` / ``off``: the cross-rank check       ``always``
 ``DENSECCL_TIMEOUT``           seconds a rank waits for peers (0: forever)      300
+``DENSECCL_ON_TIMEOUT``        ``raise`` / ``abort``: what a timeout does        ``raise``
+                               (``abort`` ends the whole job)
 ``DENSECCL_SHARED_AGREEMENT``  agreement through shared memory on one host      on
 ``DENSECCL_HOST_KERNELS``      ``auto`` / ``native`` / ``torch`` / ``numpy``    ``auto``
 ``DENSECCL_TORCH_POLL``        seconds between the torch progress thread's      adaptive
@@ -46,6 +48,9 @@ _TRUE = frozenset({"1", "on", "true", "yes", "always"})
 _FALSE = frozenset({"0", "off", "false", "no", "never"})
 _KERNELS = ("auto", "native", "torch", "numpy")
 _DEBUG = ("WARN", "INFO", "TRACE")
+#: what a rank does when a peer never joins: raise CollectiveTimeoutError (and tell the peers),
+#: or abort the whole job (MPI_Abort), as MPI's default error handler does
+ON_TIMEOUT = ("raise", "abort")
 _WAITS = ("auto", "spin", "yield")
 _NAMES = (
     "DENSECCL_BACKEND",
@@ -55,6 +60,7 @@ _NAMES = (
     "DENSECCL_HOST_KERNELS",
     "DENSECCL_TORCH_POLL",
     "DENSECCL_DEBUG",
+    "DENSECCL_ON_TIMEOUT",
     "DENSECCL_WAIT",
 )
 
@@ -72,6 +78,7 @@ class Settings:
     host_kernels: str
     torch_poll: Optional[float]
     debug: str
+    on_timeout: str
     wait: str
 
 
@@ -136,6 +143,7 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         debug = "WARN"
     if debug not in _DEBUG:
         raise DenseCCLError(f"DENSECCL_DEBUG must be one of {', '.join(_DEBUG)}, got {debug!r}")
+    on_timeout = _word(values["DENSECCL_ON_TIMEOUT"] or "raise", "DENSECCL_ON_TIMEOUT")
     wait = (values["DENSECCL_WAIT"] or "auto").strip().lower()
     if wait not in _WAITS:
         raise DenseCCLError(f"DENSECCL_WAIT must be one of {', '.join(_WAITS)}, got {wait!r}")
@@ -147,8 +155,22 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         host_kernels=kernels,
         torch_poll=_seconds_or_none(values["DENSECCL_TORCH_POLL"], "DENSECCL_TORCH_POLL"),
         debug=debug,
+        on_timeout=on_timeout,
         wait=wait,
     )
+
+
+def _word(raw: str, what: str) -> str:
+    word = raw.strip().lower()
+    if word not in ON_TIMEOUT:
+        raise DenseCCLError(f"{what} must be one of {', '.join(ON_TIMEOUT)}, got {raw!r}")
+    return word
+
+
+def on_timeout(value: Optional[str] = None) -> str:
+    """What a timeout does: ``value`` if given (``denseccl.init(on_timeout=...)``), else
+    ``DENSECCL_ON_TIMEOUT``, else ``"raise"``."""
+    return settings().on_timeout if value is None else _word(str(value), "on_timeout")
 
 
 def _seconds_or_none(raw: Optional[str], name: str) -> Optional[float]:
@@ -181,6 +203,7 @@ __all__ = [
     "flag",
     "launched_by_mpi",
     "local_rank",
+    "on_timeout",
     "seconds",
     "settings",
     "timeout",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class DenseCCLError(Exception):
     """Base of every denseccl error."""
@@ -23,3 +25,11 @@ class CollectiveTimeoutError(DenseCCLError, TimeoutError):
 
 class CommunicatorBrokenError(DenseCCLError, RuntimeError):
     """The communicator cannot be used any more (after a timeout or a transport failure)."""
+
+
+def peer_gave_up_error(rank: Optional[int]) -> CommunicatorBrokenError:
+    """What a rank raises once it knows that ``rank`` gave up on a call of their communicator."""
+    return CommunicatorBrokenError(
+        f"rank {rank} gave up on a collective of this communicator (it timed out), so no call that pairs with it "
+        "may complete; this communicator is unusable: create a new one with denseccl.init()"
+    )

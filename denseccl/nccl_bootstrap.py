@@ -118,7 +118,8 @@ def unique_id_tuple(raw: bytes) -> Tuple[int, ...]:
 
 
 def cupy_wants_bytes(version: str) -> bool:
-    """CuPy >= 14 takes the unique id as bytes; earlier versions as a tuple of ints."""
+    """CuPy >= 14 takes (and ``get_unique_id`` returns) the unique id as bytes; earlier
+    versions as a tuple of signed ints."""
     try:
         return int(version.split(".")[0]) >= 14
     except ValueError:
@@ -126,15 +127,8 @@ def cupy_wants_bytes(version: str) -> bool:
 
 
 def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_version: str) -> Any:
-    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes; if the
-    version guess is wrong (a TypeError from the typed argument), the other form."""
-    forms = [raw, unique_id_tuple(raw)]
-    if not cupy_wants_bytes(cupy_version):
-        forms.reverse()
-    try:
-        return factory(size, forms[0], rank)
-    except TypeError:
-        return factory(size, forms[1], rank)
+    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes."""
+    return factory(size, raw if cupy_wants_bytes(cupy_version) else unique_id_tuple(raw), rank)
 
 
 # -- which device ----------------------------------------------------------------------------------
@@ -266,7 +260,7 @@ def init_nccl(
     elif kind == "mpi":
         from mpi4py import MPI  # noqa: PLC0415
 
-        from .transports.mpi import MPIControl  # noqa: PLC0415
+        from .transports.mpi import open_control  # noqa: PLC0415
 
         rank, size = comm.Get_rank(), comm.Get_size()
         if device is None:
@@ -279,7 +273,7 @@ def init_nccl(
         chosen = device
         _use_device(cupy, chosen)
         raw = comm.bcast(unique_id_bytes(nccl.get_unique_id()) if rank == 0 else None, root=0)
-        control = MPIControl(comm.Dup())
+        control = open_control(comm.Dup())
     else:
         rank, size = _env_int("RANK", rank), _env_int("WORLD_SIZE", size)
         if kind == "env":

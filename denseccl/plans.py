@@ -1,24 +1,30 @@
 """Plans: the fast path for a call that repeats a geometry seen before.
 
 A synchronous, in-place call on a NumPy array or a plain CPU torch tensor validates the same
-way every time for the same (collective, shape, strides, dtype, op, root): the layout, the dense rule, the op-dtype checks
-and the agreement descriptor are functions of those alone. The first such call runs the full
-path and leaves a plan (:func:`compile_plan`); later calls with the same key replay only what can change
-between calls (the data pointer, the writable flag, the communicator's state) and still run
-the cross-rank agreement check when it is on. A small call then costs about a microsecond of
+way every time for the same (collective, shape, strides, dtype, op, root): the layout, the dense
+rule, the op-dtype checks and the agreement descriptor are functions of those alone. The first such call runs the full
+path, whose flow then builds a plan (:meth:`Flow.plan`, :func:`compile_plan`); later calls with
+the same key replay only what can change between calls (the data pointer, the writable flag,
+the communicator's state) through the flow's own steps, and still run the cross-rank agreement
+check when it is on. A small call then costs about a microsecond of
 Python on top of MPI.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple
+import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from . import log
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
-from .transports.base import WAITING, wait_until
+from .transports.base import WAITING
+
+if TYPE_CHECKING:
+    from .flow import Flow, Test
 
 _ndarray = np.ndarray
 
@@ -31,36 +37,48 @@ SPINS = 64
 Run = Callable[[Any], Any]
 
 
-def compile_plan(comm: Any, descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Callable[[], bool]]) -> Run:
-    """The replay of one geometry: the same steps as the full path after local validation
-    (usable?, agreement, transport call, wait) with everything that cannot change between calls
-    bound once. ``start(address)`` starts the collective on the span at ``address`` and returns
-    its test; ``buffer`` is the first call's input."""
+def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Test]) -> Run:
+    """The replay of one geometry, built by the flow (:meth:`Flow.plan`): the flow's steps after
+    local validation (usable?, agreement, start, complete) with everything that cannot change
+    between calls bound once. ``start(address)`` starts the collective on the span at
+    ``address`` and returns its test; ``buffer`` is the first call's input."""
     offset = buffer.span_pointer - buffer.pointer  # from the data pointer to the span (<= 0)
     pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
     value = digest(descriptor)
-    control = comm.control
+    control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
+    all_equal, gave_up = control.fast_path()
+    peers = flow.size > 1
     spins = WAITING.spins(SPINS)  # none where ranks share cores: the peer needs this one
 
     def run(x: Any) -> Any:
-        if comm._broken is not None:
-            comm._usable()
+        if flow.broken is not None:
+            flow.usable()
         try:
-            if comm.check and comm.size > 1:
-                deadline = comm._deadline()
-                if not control.all_equal(value, False, deadline):
-                    disagree(control, descriptor, deadline)
+            if flow.check and peers and not all_equal(value, False, deadline()):
+                disagree(control, descriptor, deadline())
             test = start(pointer_of(x) + offset)
-            for _ in range(spins):  # a small call is done before a deadline is worth computing
-                if test():
-                    return x
-            wait_until(test, comm._deadline(), "MPI collective")
         except Exception as error:
-            comm._note_failure(error)
+            note_failure(error)  # the agreement's or the library's: a timeout gives up, as in Flow.agree
             raise
+        for _ in range(spins):  # a small call is done before a deadline is worth computing
+            if test():
+                if not gave_up[0]:
+                    return x
+                break
+        settle(test, x)  # the deadline, a peer that gave up; on failure keeps x alive
         return x
 
-    return run
+    if not log.tracing():
+        return run
+    replay, what = run, descriptor.describe()
+
+    def traced(x: Any) -> Any:
+        began = time.perf_counter()
+        result = replay(x)
+        log.trace("%s (plan): %.1f us", what, (time.perf_counter() - began) * 1e6)
+        return result
+
+    return traced
 
 
 def lookup(plans: Dict[Any, Run], collective: str, x: Any, call: Any) -> Tuple[Optional[tuple], Optional[Run]]:

@@ -24,7 +24,7 @@ Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
 def fail_everywhere(comm: Communicator, collective: str, error: BaseException) -> None:
     """Raise ``error`` here after taking part in the agreement step as invalid, so that every
     peer raises too (a MismatchError naming this rank's problem) instead of waiting."""
-    comm._fail(collective, error)
+    comm.flow.fail(collective, error)
 
 
 @contextlib.contextmanager

@@ -34,19 +34,23 @@ def host_problem(size: int) -> Optional[str]:
 
 
 def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, bool]:
-    """The mpi4py communicator of a group's ranks (``global_ranks``, in group-rank order), and
-    whether it was created for a subgroup (then the group frees it); the world's when the
-    group is the whole job. Raises when torch's ranks are not MPI's."""
+    """The mpi4py communicator of a group's ranks, and whether it was created for a subgroup
+    (then the group frees it). ``global_ranks`` lists a subgroup's members in group-rank order
+    and is empty for the default group (as torch passes it), which is MPI's world: its size
+    must be MPI's. A subgroup's members may be any ranks, the first ``k`` included. Raises when
+    torch's ranks are not MPI's."""
     from mpi4py import MPI  # noqa: PLC0415
 
-    global_ranks = list(global_ranks)
     world = MPI.COMM_WORLD
-    if world.Get_size() < len(global_ranks) or (global_ranks == list(range(size)) and world.Get_size() != size):
+    default = not global_ranks
+    members = list(range(size)) if default else [int(r) for r in global_ranks]
+    if (default and world.Get_size() != size) or max(members) >= world.Get_size():
         raise DenseCCLError(
-            f"denseccl: torch's process group has {size} ranks but MPI has {world.Get_size()}: launch with "
-            f"mpiexec -n {size}, or pass world_size={world.Get_size()} to init_process_group"
+            f"denseccl: torch's process group has {size if default else max(members) + 1} ranks but MPI has "
+            f"{world.Get_size()}: launch with mpiexec -n {size}, or pass world_size={world.Get_size()} to "
+            "init_process_group"
         )
-    mine = global_ranks[rank]
+    mine = members[rank]
     if world.Get_rank() != mine:
         raise DenseCCLError(
             f"denseccl: torch rank {mine} is MPI rank {world.Get_rank()}; the two must match because CPU tensors "
@@ -54,10 +58,10 @@ def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, b
             "init_process_group, or set RANK from the launcher (PMI_RANK under mpiexec); "
             "denseccl.torch.init_process_group() does this for you"
         )
-    if global_ranks == list(range(world.Get_size())):
+    if default:
         return world, False
     group = world.Get_group()
-    subset = group.Incl(global_ranks)
+    subset = group.Incl(members)
     base = world.Create_group(subset)
     subset.Free()
     group.Free()

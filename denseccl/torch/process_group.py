@@ -51,7 +51,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         #: How many operations had to stage through a copy (dim 0 not outermost, or an output
         #: whose layout differs from the moved blocks'); the rest moved the tensors' spans.
         self.staged_operations = 0
-        self._global_ranks = list(global_ranks) or list(range(size))
+        #: the members' global ranks in group-rank order; empty for the default group (torch's rule)
+        self._global_ranks = list(global_ranks)
         self._progress = Progress(f"denseccl-rank{rank}")
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
@@ -189,7 +190,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                         raise LayoutError(not_dense_message(f"allreduce_coalesced tensor {i}", t))
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
                 packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
-            with comm._covered(descriptor):
+            with comm.flow.covered(descriptor):
                 works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
 
             def finish() -> List[torch.Tensor]:

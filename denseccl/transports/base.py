@@ -8,9 +8,10 @@ nothing about layouts: pointers are the starts of storage spans, counts are elem
 from __future__ import annotations
 
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
 
 from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
@@ -189,13 +190,15 @@ class Transport(ABC):
     @abstractmethod
     def barrier(self) -> Pending: ...
 
-    def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any, deadline: Optional[float]) -> None:
-        """``allreduce`` for a caller that waits for it at once: returns complete, as
-        ``Pending.wait`` leaves it. Its calls are issued in program order, so a transport may
-        run it as several library calls one after the other."""
-        self.allreduce(send, recv, count, dtype, op, stream).wait(deadline)
+    def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        """``allreduce`` for a caller that waits for the returned :class:`Pending` at once, before
+        any other call on this transport. A transport may then run it as several library calls,
+        each issued inside that wait once the one before has completed (program order)."""
+        return self.allreduce(send, recv, count, dtype, op, stream)
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
+    def in_place(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Callable[[], bool]]]:
         """For repeated calls (plans.py): a callable ``address -> test`` that starts the in-place
         ``collective`` ("allreduce", "reduce" or "broadcast") on the ``count`` elements at
         ``address``, exactly as the method of that name does with ``send == recv == address``,
@@ -228,6 +231,24 @@ class Transport(ABC):
         """Release the library's communicator (collective where the library says so)."""
 
 
+class Flag(Protocol):
+    """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.fast_path`)."""
+
+    def __getitem__(self, index: int) -> int: ...
+
+
+class GaveUpFlag:
+    """A :class:`Flag` that asks a channel's ``peer_gave_up`` each time it is read."""
+
+    __slots__ = ("_ask",)
+
+    def __init__(self, ask: Callable[[], Optional[int]]) -> None:
+        self._ask = ask
+
+    def __getitem__(self, index: int) -> int:
+        return 0 if self._ask() is None else 1
+
+
 class ControlChannel(ABC):
     """A small host channel between the ranks, for agreement: never a device sync."""
 
@@ -252,6 +273,26 @@ class ControlChannel(ABC):
         """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
         None where ``color`` is None. Collective over all ranks."""
         raise DenseCCLError(f"{type(self).__name__} cannot split into sub-groups")
+
+    def give_up(self) -> None:
+        """Tell the peers that this rank abandoned a call (a timeout): their current or next
+        call must fail instead of pairing with it. Local, never blocks, never raises."""
+
+    def peer_gave_up(self) -> Optional[int]:
+        """The rank of a peer that gave up (:meth:`give_up`), or None. Cheap: called once per
+        collective and on every poll of a long wait."""
+        return None
+
+    def fast_path(self) -> "Tuple[Callable[[int, bool, Optional[float]], bool], Flag]":
+        """What every collective uses, bound once by the flow and its plans: ``all_equal`` as
+        the callable that does the work (no delegation in between), and a flag whose ``[0]`` is
+        nonzero once a peer gave up (a shared word on a board: no call at all)."""
+        return self.all_equal, GaveUpFlag(self.peer_gave_up)
+
+    def abort(self, message: str) -> NoReturn:
+        """End the whole job at once (``DENSECCL_ON_TIMEOUT=abort``); this process by default."""
+        print(message, file=sys.stderr, flush=True)
+        os._exit(1)
 
     def close(self) -> None:
         """Release the channel."""

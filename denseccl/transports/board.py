@@ -7,6 +7,10 @@ answer it through a shared page instead: each rank writes ``(digest, invalid)`` 
 call's sequence number into its own cache line, and reads its peers' lines once their sequence
 number has arrived.
 
+A last line holds a flag: the rank (plus one) that gave up on a call (a timeout). That rank
+also retracts its entries, so that no late peer agrees with an entry of the abandoned call,
+and a peer waiting on the board, or checking after its transfer, fails at once.
+
 Two sets of lines, used by alternate calls, make that safe without a second handshake: a rank
 rewrites a line for call ``k + 2`` only after it has seen every peer arrive at call ``k + 1``,
 and a peer arrives there only after it has read everything of call ``k``.
@@ -29,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional
 
 from .. import config
+from ..errors import peer_gave_up_error
 from . import cores
 from .base import WAITING, wait_until
 
@@ -48,8 +53,7 @@ def usable_here() -> bool:
 class Board:
     """One communicator's board: ``all_equal`` is the agreement step for its ``size`` ranks.
 
-    ``memory``: a writable buffer of at least ``2 * size * LINE`` 64-bit words that every rank
-    maps, zeroed; ``sync``: the memory barrier that orders its stores and loads across ranks
+    ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed; ``sync``: the memory barrier that orders its stores and loads across ranks
     (``Win.Sync``); ``window``: the MPI window that owns ``memory``, retired on close."""
 
     def __init__(
@@ -67,6 +71,10 @@ class Board:
         self._sequence = 0
         #: drives the MPI library's progress while a wait lasts (Board.open sets an Iprobe)
         self.progress: Optional[Callable[[], Any]] = None
+        #: the word of the "gave up" flag: 0, or the rank that gave up plus one
+        self._flag = 2 * size * LINE
+        #: that word alone, for a check with no call: nonzero once a rank gave up
+        self.flag = self._words[self._flag : self._flag + 1]
         #: per call parity: (the start of my line, the starts of my peers' lines)
         self._lines = tuple(
             (base + rank * LINE, tuple(base + peer * LINE for peer in range(size) if peer != rank))
@@ -91,7 +99,7 @@ class Board:
         try:
             if not comm.allreduce(node.Get_size() == size and usable_here(), op=MPI.LAND):
                 return None
-            window = _allocate(MPI, node, 2 * size * LINE * 8)
+            window = _allocate(MPI, node, page_bytes(size))
         finally:
             node.Free()  # the window keeps what it needs of it
         if not comm.allreduce(window is not None, op=MPI.LAND):
@@ -130,7 +138,7 @@ class Board:
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
-        progress, sync = self.progress, self._sync
+        progress, sync, flag = self.progress, self._sync, self._flag
 
         def arrived() -> bool:
             # MPI moves this rank's nonblocking transfers only inside MPI calls, and the peer
@@ -138,13 +146,31 @@ class Board:
             if progress is not None:
                 progress()
             sync()
+            if words[flag]:
+                raise peer_gave_up_error(words[flag] - 1)
             return words[line] == sequence
 
         wait_until(arrived, deadline, "the agreement step", spins=0, burst=1)
 
+    def give_up(self) -> None:
+        """Raise the flag for this rank and retract its entries (see the module's docstring)."""
+        words = self._words
+        if not words[self._flag]:
+            words[self._flag] = self.rank + 1
+        for mine, _ in self._lines:
+            words[mine] = -1
+        self._sync()  # out to the peers now
+        WAITING.ring()  # a peer asleep on its doorbell sees the flag at once
+
+    def gave_up(self) -> Optional[int]:
+        """The rank that gave up on a call, or None."""
+        who = self._words[self._flag]
+        return who - 1 if who else None
+
     def close(self) -> None:
         """Stop using the page (local: peers need not take part)."""
-        self._words.release()  # idempotent
+        self.flag.release()  # idempotent
+        self._words.release()
         window, self._window = self._window, None
         if window is None:
             return
@@ -153,6 +179,11 @@ class Board:
         except Exception:  # noqa: BLE001 - MPI already finalized: nothing left to release
             pass
         _RETIRED.append(window)
+
+
+def page_bytes(size: int) -> int:
+    """Bytes of the page: two lines per rank, then the flag's line."""
+    return (2 * size + 1) * LINE * 8
 
 
 def _allocate(MPI: Any, node: Any, nbytes: int) -> Any:

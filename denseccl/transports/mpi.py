@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import struct
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
-import numpy as np
 from mpi4py import MPI
 
 from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
-from . import cores, host_kernels
-from .base import ControlChannel, Pending, Transport, abandon, wait_until
-from .board import Board
+from . import host_kernels
+from .base import Pending, Transport, wait_until
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,
@@ -54,7 +51,6 @@ _BASE_OPS = {
     ReduceOp.MIN: MPI.MIN,
     ReduceOp.MAX: MPI.MAX,
 }
-_THREE = struct.Struct("=3q")
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
 _HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
 #: a float16/bfloat16 allreduce of at least this many bytes that is waited for at once runs as
@@ -94,7 +90,29 @@ class MPIPending(Pending):
         return True
 
     def wait(self, deadline: Optional[float]) -> None:
-        wait_until(self.test, deadline, "MPI collective")
+        wait_until(self.test, deadline, "the collective")
+
+
+class StepsPending(Pending):
+    """Several MPI requests issued one after the other: ``steps`` yields each request with the
+    messages it uses, and runs the host work between them when resumed. The next request is
+    issued inside ``test`` once the current one has completed."""
+
+    __slots__ = ("steps", "request", "keep")
+
+    def __init__(self, steps: Iterator[Tuple[Any, Any]]) -> None:
+        self.steps = steps
+        self.request, self.keep = next(steps)
+
+    def test(self) -> bool:
+        while self.request is not None:
+            if not self.request.Test():
+                return False
+            self.request, self.keep = next(self.steps, (None, None))
+        return True
+
+    def wait(self, deadline: Optional[float]) -> None:
+        wait_until(self.test, deadline, "the collective")
 
 
 class MPITransport(Transport):
@@ -138,15 +156,14 @@ class MPITransport(Transport):
         finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
         return MPIPending(request, finish)
 
-    def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any, deadline: Optional[float]) -> None:
+    def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
         if not self._split_halves(count, dtype):
-            pending = self.allreduce(send, recv, count, dtype, op, stream)
-            try:
-                pending.wait(deadline)
-            except BaseException:
-                abandon(pending)  # its request may still be active: it must not be freed
-                raise
-            return
+            return self.allreduce(send, recv, count, dtype, op, stream)
+        return StepsPending(self._split_allreduce(send, recv, count, dtype, op))
+
+    def _split_allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op) -> Iterator[Tuple[Any, Any]]:
+        """The reduce-scatter, then the allgather, each yielded with the messages it uses; the
+        next is issued only once the one before has completed."""
         kind = op_kind(op)
         if isinstance(op, PreMulSum):
             message, _ = self._prescale(send, recv, count, dtype, op)
@@ -159,27 +176,19 @@ class MPITransport(Transport):
         block_bytes = counts[rank] * itemsize
         fromaddress, mpi_op = MPI.buffer.fromaddress, _mpi_op(kind, dtype)
         if message is MPI.IN_PLACE:  # MPI promises this rank's reduced block at the start of recv only
-            request = self.comm.Ireduce_scatter(MPI.IN_PLACE, self._message(recv, count, dtype), counts, mpi_op)
+            scattered = [MPI.IN_PLACE, self._message(recv, count, dtype)]
         else:
-            request = self.comm.Ireduce_scatter(message, [fromaddress(block, block_bytes), counts[rank], mpi_type], counts, mpi_op)
-        self._wait_for(request, message, deadline)
+            scattered = [message, [fromaddress(block, block_bytes), counts[rank], mpi_type]]
+        yield self.comm.Ireduce_scatter(*scattered, counts, mpi_op), scattered
         if message is MPI.IN_PLACE and rank:  # disjoint: counts never grow with the rank
             ctypes.memmove(block, recv, block_bytes)
         whole = [fromaddress(recv, count * itemsize), counts, displacements, mpi_type]
-        self._wait_for(self.comm.Iallgatherv(MPI.IN_PLACE, whole), whole, deadline)
+        yield self.comm.Iallgatherv(MPI.IN_PLACE, whole), whole
         if kind is ReduceOp.AVG:
             self._finish_average(recv, count, dtype)()
 
     def _split_halves(self, count: int, dtype: DType) -> bool:
         return self.size > 1 and count * dtype.itemsize >= SPLIT_HALVES_BYTES and host_kernels.is_half(dtype)
-
-    @staticmethod
-    def _wait_for(request: Any, keep: Any, deadline: Optional[float]) -> None:
-        try:
-            wait_until(request.Test, deadline, "MPI collective")
-        except BaseException:
-            abandon(request, keep)
-            raise
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         kind = op_kind(op)
@@ -221,7 +230,9 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
+    def in_place(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Callable[[], bool]]]:
         kind = None if op is None else op_kind(op)
         if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
             return super().in_place(collective, count, dtype, op, root)
@@ -282,63 +293,6 @@ class MPITransport(Transport):
             self.comm.Free()
 
 
-class MPIControl(ControlChannel):
-    """Agreement traffic on its own duplicate of the job's communicator; the agreement step
-    itself through a shared-memory board when every rank shares this host (board.py)."""
+from .mpi_control import MPIControl, open_control  # noqa: E402 - the control channels built on MPI
 
-    def __init__(self, comm: Any, crowded: Optional[bool] = None) -> None:
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        # The agreement's [digest, -digest, invalid] travels in one buffer and one prebuilt
-        # message, so that the per-call cost is a pack, the MPI call and an unpack.
-        self._three = bytearray(24)
-        self._three_message = [self._three, 3, MPI.INT64_T]
-        self._iallreduce = comm.Iallreduce
-        if crowded is None and self.size > 1:
-            crowded = cores.host_crowded(comm)
-        #: the shared-memory board, or None where the agreement takes the MPI allreduce
-        self.board: Optional[Board] = Board.open(comm, crowded) if self.size > 1 else None
-        #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
-        self.crowded = crowded
-        if self.board is not None:
-            self.all_equal = self.board.all_equal  # type: ignore[method-assign]
-
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
-        buffer = self._three
-        _THREE.pack_into(buffer, 0, value, -value, 1 if invalid else 0)
-        request = self._iallreduce(MPI.IN_PLACE, self._three_message, MPI.MAX)
-        if not request.Test():
-            wait_until(request.Test, deadline, "the agreement step")
-        highest, negated_lowest, any_invalid = _THREE.unpack_from(buffer)
-        return highest == value and negated_lowest == -value and not any_invalid
-
-    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
-        buffer = np.array(values, np.int64)
-        request = self._iallreduce(MPI.IN_PLACE, [buffer, len(values), MPI.INT64_T], MPI.MAX)
-        wait_until(request.Test, deadline, "the agreement step")
-        return buffer.tolist()
-
-    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
-        lengths = np.zeros(self.size, np.int64)
-        lengths[self.rank] = len(data)
-        request = self.comm.Iallgather(MPI.IN_PLACE, [lengths, MPI.INT64_T])
-        wait_until(request.Test, deadline, "the agreement step")
-        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        gathered = np.zeros(int(lengths.sum()), np.uint8)
-        request = self.comm.Iallgatherv(
-            [np.frombuffer(data, np.uint8), MPI.BYTE], [gathered, (lengths, offsets), MPI.BYTE]
-        )
-        wait_until(request.Test, deadline, "the agreement step")
-        raw = gathered.tobytes()
-        return [raw[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
-
-    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["MPIControl"]:
-        part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if part == MPI.COMM_NULL else MPIControl(part, self.crowded)
-
-    def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+__all__ = ["MPIControl", "MPIPending", "MPITransport", "StepsPending", "open_control"]

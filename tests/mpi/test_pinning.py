@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.mpi.summaries import expect_summaries
-from tests.support.ranks import ROOT, mpiexec, run_ranks
+from tests.support.ranks import ROOT, launch, mpiexec, run_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -31,7 +31,7 @@ def needs_cores(count: int):  # type: ignore[no-untyped-def]
 @needs_cores(1)
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_ranks_under_taskset_on_one_core_are_crowded(nranks: int) -> None:
-    done = run_ranks(nranks, SCRIPT, ["1", "1"], timeout=90, env=ENV, prefix=["taskset", "-c", str(CORES[0])])
+    done = run_ranks(nranks, SCRIPT, ["1", "1"], timeout=90, env=ENV, launcher=["taskset", "-c", str(CORES[0])])
     expect_summaries(done.stdout, "pinning", nranks)
 
 
@@ -60,7 +60,7 @@ def test_per_rank_masks_are_exchanged(masks: str, crowded: bool) -> None:
 
 
 def test_the_wait_setting_overrides_detection() -> None:
-    done = run_ranks(2, SCRIPT, ["1", "0"], timeout=90, env={**ENV, "DENSECCL_WAIT": "spin"}, prefix=["taskset", "-c", str(CORES[0])])
+    done = run_ranks(2, SCRIPT, ["1", "0"], timeout=90, env={**ENV, "DENSECCL_WAIT": "spin"}, launcher=["taskset", "-c", str(CORES[0])])
     expect_summaries(done.stdout, "pinning", 2)
     if len(CORES) >= 2:
         done = run_ranks(2, SCRIPT, ["0", "1", f"{CORES[0]}/{CORES[1]}"], timeout=90, env={**ENV, "DENSECCL_WAIT": "yield"})
@@ -81,7 +81,9 @@ def test_ranks_in_a_cgroup_with_a_one_core_quota_are_crowded() -> None:
         (group / "cpu.cfs_period_us").write_text("100000")
         (group / "cpu.cfs_quota_us").write_text("100000")  # one core's worth for the whole job
         environment = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
-        command = [mpiexec(), "-n", "2", sys.executable, str(SCRIPT), "1", "1"]
+        start, needs = launch(mpiexec(), 2)
+        environment.update(needs)
+        command = [*start, sys.executable, str(SCRIPT), "1", "1"]
         enter = f"echo $$ > {group / 'cgroup.procs'} && exec \"$@\""
         process = subprocess.Popen(
             ["sh", "-c", enter, "sh", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

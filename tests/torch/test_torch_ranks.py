@@ -26,6 +26,13 @@ def test_every_collective_on_every_layout(n):
     passed(run_ranks(n, RANKS / "collectives.py", timeout=180), n)
 
 
+@pytest.mark.parametrize("n", [4, 5, 8])
+def test_subgroups_and_meshes_of_every_shape(n):
+    """Prefixes [0..k-1] (once mistaken for the world), suffixes, singletons, strided and
+    overlapping groups, new_subgroups, 2-D and 3-D meshes, per-host groups."""
+    passed(run_ranks(n, RANKS / "subgroups.py", timeout=300), n)
+
+
 def test_init_methods_and_rank_check():
     result = run_ranks(2, RANKS / "init_methods.py", timeout=120)
     passed(result, 2)
@@ -44,7 +51,7 @@ def test_fsdp2_matches_single_process_training():
 
 def test_ddp_example_runs_as_documented():
     """The example of the README (torch section) on 2 ranks (launch/run is mpiexec with the venv on PATH)."""
-    result = run_ranks(2, ROOT / "launch" / "torch_ddp_example.py", timeout=180)
+    result = run_ranks(2, ROOT / "examples" / "torch_ddp_example.py", timeout=180)
     lines = result.stdout.splitlines()
     assert lines[-1] == "OK", result.stdout
     assert "parameters identical on all 2 ranks: True" in lines

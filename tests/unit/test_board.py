@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from denseccl.errors import CollectiveTimeoutError
+from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
 from denseccl.transports import board as board_module
-from denseccl.transports.board import LINE, Board
+from denseccl.transports.board import Board, page_bytes
 
 
 def boards(size: int) -> list:
-    page = mmap.mmap(-1, 2 * size * LINE * 8)
+    page = mmap.mmap(-1, page_bytes(size))
     return [Board(page, rank, size) for rank in range(size)]
 
 
@@ -64,6 +64,19 @@ def test_a_peer_that_never_arrives_times_out(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(CollectiveTimeoutError, match="agreement step did not complete"):
         lonely.all_equal(5, False, time.monotonic() + 0.3)
     assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_a_peer_that_gave_up_fails_the_wait_at_once() -> None:
+    """Rank 0 gave up on call 1 (a timeout): rank 1, arriving late at that call, must not agree
+    with rank 0's entry nor wait out its own timeout."""
+    first, second = boards(2)
+    assert first.gave_up() is None and second.gave_up() is None
+    first.give_up()
+    assert second.gave_up() == 0 and first.gave_up() == 0
+    started = time.monotonic()
+    with pytest.raises(CommunicatorBrokenError, match="rank 0 gave up"):
+        second.all_equal(5, False, time.monotonic() + 30)
+    assert time.monotonic() - started < 5
 
 
 def test_close_is_local_and_idempotent() -> None:

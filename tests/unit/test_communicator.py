@@ -350,7 +350,7 @@ def test_a_failure_seen_by_is_completed_breaks_the_communicator():
 
     own = denseccl.init(backend="mpi", timeout=30)
     x = np.zeros(3)
-    work = Work(own, FailsOnPoll(), x, None)
+    work = Work(own.flow, FailsOnPoll(), x, None)
     with pytest.raises(RuntimeError, match="host step failed"):
         work.is_completed()
     assert own.broken is not None and "transport failure" in own.broken

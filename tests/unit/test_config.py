@@ -65,12 +65,23 @@ def test_settings_follow_the_environment(monkeypatch):
         ("DENSECCL_DEBUG", "loud", "DENSECCL_DEBUG must be one of WARN, INFO, TRACE"),
         ("DENSECCL_TORCH_POLL", "-1", "DENSECCL_TORCH_POLL must be >= 0"),
         ("DENSECCL_TIMEOUT", "soon", "DENSECCL_TIMEOUT must be a number of seconds"),
+        ("DENSECCL_ON_TIMEOUT", "explode", "DENSECCL_ON_TIMEOUT must be one of raise, abort"),
     ],
 )
 def test_bad_settings_name_the_variable(monkeypatch, name, value, fragment):
     monkeypatch.setenv(name, value)
     with pytest.raises(DenseCCLError, match=fragment):
         config.settings()
+
+
+def test_on_timeout(monkeypatch):
+    monkeypatch.delenv("DENSECCL_ON_TIMEOUT", raising=False)
+    assert config.on_timeout() == "raise"  # the default: raise, and tell the peers
+    monkeypatch.setenv("DENSECCL_ON_TIMEOUT", " Abort ")
+    assert config.on_timeout() == "abort"
+    assert config.on_timeout("raise") == "raise"  # the argument wins
+    with pytest.raises(DenseCCLError, match="on_timeout must be one of raise, abort"):
+        config.on_timeout("ignore")
 
 
 def test_launcher_variables():

@@ -180,7 +180,7 @@ def dropped_works(comm: "denseccl.Communicator", check: Checker) -> None:
     del work
     gc.collect()
     litter = [np.full(n, -7.0) for _ in range(64)]  # reuse any memory the dropped Works freed
-    outstanding = len(sub._orphans)
+    outstanding = len(sub.flow.orphans)
     check.check(rank == 0 or outstanding >= 1, f"dropped Works adopted by the communicator: {outstanding}")
     sub.close()
     del litter
@@ -189,7 +189,7 @@ def dropped_works(comm: "denseccl.Communicator", check: Checker) -> None:
     if rank == 0:
         total = 0.5 * sum(range(2, size + 1))  # rank 0 contributed zeros (received)
         check.check(bool(np.all(received == total)), f"dropped PreMulSum reduce on the root: {received[:3]}, expected {total}")
-    check.check(not sub._orphans, "close() left dropped Works behind")
+    check.check(not sub.flow.orphans, "close() left dropped Works behind")
 
 
 if __name__ == "__main__":

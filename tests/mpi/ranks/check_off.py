@@ -69,6 +69,9 @@ def main() -> None:
         check.check(rank != bad, "the bad rank timed out")
         check.check(seconds * 0.9 <= elapsed <= seconds + 5, f"timed out after {elapsed:.2f} s (timeout {seconds})")
         check.check(comm.broken is not None, "communicator not marked broken after a timeout")
+    except denseccl.CommunicatorBrokenError as error:  # another waiter timed out first and told this rank
+        check.check(rank != bad and size > 2 and "gave up" in str(error), f"rank {rank}: {error}")
+        check.check(time.monotonic() - started <= seconds + 5, "the news that a peer gave up came late")
     except Exception as error:  # noqa: BLE001
         check.fail(f"raised {type(error).__name__}: {error}")
 
@@ -86,6 +89,8 @@ def main() -> None:
             elapsed = time.monotonic() - started
             check.check(0.45 <= elapsed <= 4, f"Work.wait(timeout=0.5) gave up after {elapsed:.2f} s")
             check.check(lonely.broken is not None, "communicator not broken after Work.wait timed out")
+        except denseccl.CommunicatorBrokenError as error:  # another waiter timed out first and told this rank
+            check.check(size > 2 and "gave up" in str(error), f"Work.wait: {error}")
 
     check.finish(hard_exit=True, before_exit=final.barrier)
 

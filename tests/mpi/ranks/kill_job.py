@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from tests.support.ranks import kill_session  # noqa: E402
+from tests.support.ranks import kill_session, launch  # noqa: E402
 
 mpiexec, nranks, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 busy = Path(__file__).with_name("busy.py")
+start, needs = launch(mpiexec, nranks)
 job = subprocess.Popen(
-    [mpiexec, "-n", str(nranks), sys.executable, str(busy), "0" if how == "kill" else "2000"],
-    stdout=subprocess.PIPE, text=True, start_new_session=True,
+    [*start, sys.executable, str(busy), "0" if how == "kill" else "2000"],
+    stdout=subprocess.PIPE, text=True, start_new_session=True, env={**os.environ, **needs},
 )
 ready = 0
 deadline = time.monotonic() + 90

@@ -2,7 +2,8 @@
 
 The last rank (the skipper) leaves out one collective on each of three communicators; every
 other rank must get CollectiveTimeoutError after about the communicator's timeout, and a later
-call on that communicator must raise CommunicatorBrokenError. The timeouts come from
+call on that communicator must raise CommunicatorBrokenError; so must the skipper's, whose
+peers told it that they gave up. The timeouts come from
 init(timeout=...) (comm_a, comm_c) and from DENSECCL_TIMEOUT (comm_b).
 
 Ranks leave with os._exit: the timed-out requests can never complete, so MPI_Finalize is skipped.
@@ -34,6 +35,10 @@ def expect_timeout(check: Checker, comm, what: str, seconds: float, thunk, buffe
         check.check(seconds * 0.9 <= elapsed <= seconds + 5, f"{what}: timed out after {elapsed:.2f} s, timeout {seconds} s")
         check.check("timeout" in str(error) and "broken" in str(error), f"{what}: message {error}")
         check.check(isinstance(error, TimeoutError), f"{what}: not a TimeoutError")
+    except denseccl.CommunicatorBrokenError as error:  # another waiter timed out first and told this rank
+        elapsed = time.monotonic() - started
+        check.check(comm.size > 2 and "gave up" in str(error), f"{what}: {error}")
+        check.check(elapsed <= seconds + 5, f"{what}: the news that a peer gave up came after {elapsed:.2f} s")
     except Exception as error:  # noqa: BLE001
         check.fail(f"{what}: raised {type(error).__name__} instead: {error}")
     for buffer, snapshot in zip(buffers, before):
@@ -78,9 +83,17 @@ def main() -> None:
     if rank != skipper:
         expect_timeout(check, comm_c, "barrier, init(timeout=)", short, comm_c.barrier)
 
-    # the skipper's communicators are fine as far as it knows
+    # the skipper's peers gave up on each communicator and told it: no call of its may pair with
+    # the abandoned ones, so each is broken here too
+    final.barrier()
     if rank == skipper:
-        check.check(comm_a.broken is None and comm_b.broken is None and comm_c.broken is None, "skipper's comms broken")
+        for name, comm in (("comm_a", comm_a), ("comm_b", comm_b), ("comm_c", comm_c)):
+            check.check(comm.broken is not None and "gave up" in comm.broken, f"skipper's {name}: broken = {comm.broken!r}")
+            try:
+                comm.allreduce(np.zeros(2))
+                check.fail(f"skipper's {name}: a call succeeded after its peers gave up")
+            except denseccl.CommunicatorBrokenError:
+                pass
 
     check.finish(hard_exit=True, before_exit=final.barrier)  # everyone reports, then waits for all before leaving
 

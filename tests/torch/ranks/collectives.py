@@ -207,18 +207,18 @@ check.equal("reduce_scatter list", out, torch.stack([pieces[r][rank] for r in ra
 seed = next(seeds)
 tensors = [make(layout, dtype, seed + k, rank) for k, (layout, dtype) in enumerate((("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))]
 strides = [t.stride() for t in tensors]
-import denseccl.communicator as communicator_module  # noqa: E402 - counts the agreement steps below
+import denseccl.flow as communicator_module  # noqa: E402 - counts the agreement steps below
 
 agreed = []
-real_agree = communicator_module.agree
-communicator_module.agree = lambda control, descriptor, *rest: (agreed.append(descriptor.collective), real_agree(control, descriptor, *rest))[1]
+real_agree = communicator_module.digest  # Flow.agree digests the descriptor of each agreement step it takes
+communicator_module.digest = lambda descriptor: (agreed.append(descriptor.collective), real_agree(descriptor))[1]
 try:
     with dist._coalescing_manager(async_ops=True) as manager:
         for t in tensors:
             dist.all_reduce(t)
     manager.wait()
 finally:
-    communicator_module.agree = real_agree
+    communicator_module.digest = real_agree
 check.true(f"one agreement step covers a coalesced all_reduce (two buckets): {agreed}", agreed == ["allreduce_coalesced"])
 for k, (t, (layout, dtype)) in enumerate(zip(tensors, (("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))):
     check.equal(f"coalesced all_reduce {layout}", t, ref("sum", everyone(seed + k, layout, dtype)), strides=strides[k], tol=1e-5)

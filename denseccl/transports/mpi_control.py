@@ -1,0 +1,196 @@
+"""The control channels built on MPI, one of which bootstrap picks per communicator
+(:func:`open_control`): :class:`BoardControl` when every rank shares this host (the agreement
+step through a shared-memory board, board.py), :class:`MPIControl` otherwise.
+
+Both carry, besides the agreement, the news that a rank gave up on a call (a timeout): the
+board through a flag in its page, MPI through a message to every peer on the control
+communicator. A rank checks for it after each collective and while it waits, so that no call
+completes by pairing with one a peer abandoned.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from typing import Any, Callable, NoReturn, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import log
+from ..errors import CommunicatorBrokenError, peer_gave_up_error
+from . import cores
+from .base import ControlChannel, Flag, abandon, wait_until
+from .board import Board
+
+_FIVE = struct.Struct("=5q")
+#: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
+GAVE_UP_TAG = 0x6A7E
+#: how long a rank that gives up drives MPI to deliver its notes before it raises
+NOTE_PUSH_SECONDS = 0.2
+
+
+class MPIControl(ControlChannel):
+    """Agreement traffic on its own duplicate of the job's communicator (which it owns)."""
+
+    #: the shared-memory board in use (see BoardControl); None here
+    board: Optional[Board] = None
+
+    def __init__(self, comm: Any, crowded: Optional[bool] = None) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
+        self.crowded = crowded
+        self._sequence = 0
+        # The agreement's [digest, -digest, invalid, sequence, -sequence] travels in one buffer
+        # and one prebuilt message: the per-call cost is a pack, the MPI call and an unpack.
+        self._five = bytearray(40)
+        self._five_message = [self._five, 5, MPI.INT64_T]
+        self._iallreduce = comm.Iallreduce
+        self._iprobe = comm.Iprobe
+        self._status = MPI.Status()
+        self._gave_up: Optional[int] = None
+
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
+        """Equal digests, none invalid, and the same call sequence on every rank."""
+        sequence = self._sequence = self._sequence + 1
+        buffer = self._five
+        _FIVE.pack_into(buffer, 0, value, -value, 1 if invalid else 0, sequence, -sequence)
+        request = self._iallreduce(MPI.IN_PLACE, self._five_message, MPI.MAX)
+        if not request.Test():
+            self._wait(request, (buffer, self._five_message), deadline)
+        highest, negated_lowest, any_invalid, latest, negated_earliest = _FIVE.unpack_from(buffer)
+        if latest != sequence or negated_earliest != -sequence:
+            raise CommunicatorBrokenError(
+                f"the agreement paired call {sequence} of this rank with calls {-negated_earliest}..{latest} of its "
+                "peers: a rank skipped or abandoned a call; this communicator is unusable"
+            )
+        return highest == value and negated_lowest == -value and not any_invalid
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        buffer = np.array(values, np.int64)
+        self._wait(self._iallreduce(MPI.IN_PLACE, [buffer, len(values), MPI.INT64_T], MPI.MAX), buffer, deadline)
+        return buffer.tolist()
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        lengths = np.zeros(self.size, np.int64)
+        lengths[self.rank] = len(data)
+        self._wait(self.comm.Iallgather(MPI.IN_PLACE, [lengths, MPI.INT64_T]), lengths, deadline)
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        gathered = np.zeros(int(lengths.sum()), np.uint8)
+        source = np.frombuffer(data, np.uint8)
+        request = self.comm.Iallgatherv([source, MPI.BYTE], [gathered, (lengths, offsets), MPI.BYTE])
+        self._wait(request, (source, gathered, lengths, offsets), deadline)
+        raw = gathered.tobytes()
+        return [raw[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+
+    def _wait(self, request: Any, keep: Any, deadline: Optional[float]) -> None:
+        """Wait for ``request``; if the wait ends otherwise, the request and what it uses are
+        kept for the process's life (MPI cannot cancel it)."""
+        test = request.Test
+
+        def done() -> bool:
+            if test():
+                return True
+            if self.peer_gave_up() is not None:
+                raise peer_gave_up_error(self._gave_up)  # type: ignore[arg-type]
+            return False
+
+        try:
+            wait_until(done, deadline, "the agreement step")
+        except BaseException:
+            abandon(request, keep)
+            raise
+
+    def give_up(self) -> None:
+        note = np.array([self.rank], np.int64)
+        peers = [peer for peer in range(self.size) if peer != self.rank]
+        requests = [self.comm.Isend([note, MPI.INT64_T], peer, GAVE_UP_TAG) for peer in peers]
+        abandon(requests, note)
+        # MPI moves a message only inside MPI calls: push the notes out now (a stopped or dead
+        # peer cannot take them, so the push is bounded; a later MPI call here moves them on)
+        pushed_by = time.monotonic() + NOTE_PUSH_SECONDS
+        while not MPI.Request.Testall(requests) and time.monotonic() < pushed_by:
+            os.sched_yield()
+
+    def peer_gave_up(self) -> Optional[int]:
+        if self._gave_up is None and self._iprobe(MPI.ANY_SOURCE, GAVE_UP_TAG, self._status):
+            self._gave_up = self._status.Get_source()
+        return self._gave_up
+
+    def abort(self, message: str) -> NoReturn:
+        print(message, flush=True, file=sys.stderr)
+        MPI.COMM_WORLD.Abort(1)
+        os._exit(1)  # MPI_Abort may return before the launcher has ended this process
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
+        part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
+        return None if part == MPI.COMM_NULL else open_control(part, self.crowded)
+
+    def close(self) -> None:
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+
+class BoardControl(ControlChannel):
+    """All ranks on this host: the agreement step and the "gave up" flag through a
+    shared-memory board, the rest (full descriptors on a mismatch, splits) through MPI."""
+
+    def __init__(self, board: Board, mpi: MPIControl) -> None:
+        self.board = board
+        self.mpi = mpi
+        self.rank = mpi.rank
+        self.size = mpi.size
+        self.crowded = board.crowded
+
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
+        return self.board.all_equal(value, invalid, deadline)
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        return self.mpi.allreduce_max(values, deadline)
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        return self.mpi.allgather_bytes(data, deadline)
+
+    def fast_path(self) -> Tuple[Callable[[int, bool, Optional[float]], bool], Flag]:
+        return self.board.all_equal, self.board.flag
+
+    def give_up(self) -> None:
+        self.board.give_up()
+
+    def peer_gave_up(self) -> Optional[int]:
+        return self.board.gave_up()
+
+    def abort(self, message: str) -> NoReturn:
+        self.mpi.abort(message)
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
+        return self.mpi.split(color, key, deadline)
+
+    def close(self) -> None:
+        self.board.close()
+        self.mpi.close()
+
+
+def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
+    """The control channel for the mpi4py communicator ``comm`` (which it then owns; collective
+    over ``comm``): a board where every rank shares this host and can use one, MPI otherwise.
+    ``crowded``: whether the host's ranks cannot each have a core of their own (a split
+    passes its parent's; by default judged here, cores.py)."""
+    if crowded is None and comm.Get_size() > 1:
+        crowded = cores.host_crowded(comm)
+    mpi = MPIControl(comm, crowded)
+    board = Board.open(comm, crowded) if mpi.size > 1 else None
+    if board is None:
+        if mpi.size > 1:
+            log.info("agreement step: MPI allreduce on the control communicator (%d ranks, no shared board)", mpi.size)
+        return mpi
+    mpi.crowded = board.crowded
+    log.info("agreement step: shared-memory board (%d ranks on this host, crowded=%s)", mpi.size, board.crowded)
+    return BoardControl(board, mpi)
+
+
+__all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "open_control"]
