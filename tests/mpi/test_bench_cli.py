@@ -154,7 +154,7 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
     still running then."""
     environment: Dict[str, str] = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
-    prefix, needs = launch(mpiexec(), 2)
+    prefix, needs = launch(mpiexec(), 2)  # Open MPI needs options and, as root, variables
     environment.update(needs)
     command = [*prefix, sys.executable, str(RANKS / "bench_cli.py"), *args]
     process = subprocess.Popen(
