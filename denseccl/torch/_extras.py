@@ -1,10 +1,11 @@
 """All-to-all and point-to-point for CPU tensors, which denseccl's core does not offer.
 
-They run on an MPI duplicate owned by the process group, as bytes in row-major order: a tensor
-that is not row-major is staged through a contiguous copy, so the layouts of sender and
-receiver need not agree (each side keeps its own). Before an all-to-all the ranks exchange
-their split sizes, dtypes and row shapes on the agreement channel (with its timeout) and every
-rank raises if they are inconsistent.
+They run on an *engine* owned by the process group (an MPI duplicate under an MPI launcher,
+the gloo engine's group otherwise), as bytes in row-major order: a tensor that is not
+row-major is staged through a contiguous copy, so the layouts of sender and receiver need not
+agree (each side keeps its own). Before an all-to-all the ranks exchange their split sizes,
+dtypes and row shapes on the agreement channel (with its timeout) and every rank raises if
+they are inconsistent.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
-from mpi4py import MPI
+import torch._C._distributed_c10d as c10d
 
 from ..errors import LayoutError, MismatchError
 from ._issue import Issue
-from .work import RequestStep
+from .work import RequestStep, WorkStep
 
 if TYPE_CHECKING:
     from .process_group import ProcessGroupDenseCCL
@@ -26,7 +27,72 @@ if TYPE_CHECKING:
 
 def _bytes(t: torch.Tensor) -> Any:
     """The memory of a contiguous tensor as a buffer mpi4py accepts."""
+    from mpi4py import MPI  # noqa: PLC0415 - only under an MPI launch
+
     return MPI.buffer.fromaddress(t.data_ptr() if t.numel() else 0, t.numel() * t.element_size())
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as a 1-D uint8 tensor (gloo moves it as bytes)."""
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+class MPIEngine:
+    """All-to-all and point-to-point on an mpi4py communicator (owned: :meth:`free`)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
+        """``send[r]`` bytes of ``source`` go to rank ``r``; ``recv[r]`` bytes come from it."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        request = self.comm.Ialltoallv(
+            [_bytes(source), (send, _displacements(send)), MPI.BYTE], [_bytes(target), (recv, _displacements(recv)), MPI.BYTE]
+        )
+        return RequestStep(request, what, keep=(source, target))
+
+    def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        return RequestStep(self.comm.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag), f"send to rank {dst}", keep=source)
+
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+        """The step, then (once it completed) the source rank and the bytes received."""
+        from mpi4py import MPI  # noqa: PLC0415
+
+        source = MPI.ANY_SOURCE if src < 0 else src
+        step = RequestStep(self.comm.Irecv([_bytes(target), MPI.BYTE], source=source, tag=tag), "recv", keep=target)
+        return step, step.status.Get_source, lambda: step.status.Get_count(MPI.BYTE)
+
+    def free(self) -> None:
+        from mpi4py import MPI  # noqa: PLC0415
+
+        if self.comm is not None and not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+        self.comm = None
+
+
+class GlooEngine:
+    """All-to-all and point-to-point on the gloo engine's group (owned by its transport)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
+        work = self.group.alltoall_base(_flat_bytes(target), _flat_bytes(source), recv, send, c10d.AllToAllOptions())
+        return WorkStep(work, what, keep=(source, target))
+
+    def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
+        return WorkStep(self.group.send([_flat_bytes(source)], dst, tag), f"send to rank {dst}", keep=source)
+
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+        flat = _flat_bytes(target)
+        work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
+        return WorkStep(work, "recv", keep=target), (work._source_rank if src < 0 else lambda: src), lambda: None
+
+    def free(self) -> None:
+        self.group = None
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:
@@ -83,7 +149,7 @@ def _check_pairs(what: str, plans: List[dict], sends: str, receives: str) -> Non
         )
 
 
-def all_to_all_single(group: "ProcessGroupDenseCCL", mpi: Any, output: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]) -> Issue:
+def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]) -> Issue:
     size = group._group_size
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
@@ -105,19 +171,14 @@ def all_to_all_single(group: "ProcessGroupDenseCCL", mpi: Any, output: torch.Ten
         _check_pairs("all_to_all_single", plans, "send", "recv")
         row = _row_bytes(inp)
         source, target = _row_major(inp), _receive_buffer(output)
-        send_counts = [n * row for n in plan["send"]]
-        recv_counts = [n * row for n in plan["recv"]]
-        request = mpi.Ialltoallv(
-            [_bytes(source), (send_counts, _displacements(send_counts)), MPI.BYTE],
-            [_bytes(target), (recv_counts, _displacements(recv_counts)), MPI.BYTE],
-        )
+        step = engine.alltoallv(source, target, [n * row for n in plan["send"]], [n * row for n in plan["recv"]], "all_to_all_single")
 
         def finish() -> List[torch.Tensor]:
             if target is not output:
                 output.copy_(target)
             return [output]
 
-        return [RequestStep(request, "all_to_all_single", keep=(source, target))], finish
+        return [step], finish
 
     return issue
 
@@ -139,7 +200,7 @@ def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
     return [int(s) for s in splits]
 
 
-def alltoall(group: "ProcessGroupDenseCCL", mpi: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
+def alltoall(group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
     size = group._group_size
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
@@ -159,12 +220,7 @@ def alltoall(group: "ProcessGroupDenseCCL", mpi: Any, outputs: List[torch.Tensor
         itemsize = inputs[0].element_size()
         source = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0)
         target = torch.empty(sum(plan["recv"]), dtype=outputs[0].dtype)
-        send_counts = [n * itemsize for n in plan["send"]]
-        recv_counts = [n * itemsize for n in plan["recv"]]
-        request = mpi.Ialltoallv(
-            [_bytes(source), (send_counts, _displacements(send_counts)), MPI.BYTE],
-            [_bytes(target), (recv_counts, _displacements(recv_counts)), MPI.BYTE],
-        )
+        step = engine.alltoallv(source, target, [n * itemsize for n in plan["send"]], [n * itemsize for n in plan["recv"]], "all_to_all")
 
         def finish() -> List[torch.Tensor]:
             offset = 0
@@ -174,41 +230,38 @@ def alltoall(group: "ProcessGroupDenseCCL", mpi: Any, outputs: List[torch.Tensor
                 offset += n
             return outputs
 
-        return [RequestStep(request, "all_to_all", keep=(source, target))], finish
+        return [step], finish
 
     return issue
 
 
-def send(mpi: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
+def send(engine: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
         if len(tensors) != 1:
             raise LayoutError(f"send takes one tensor, got {len(tensors)}")
-        source = _row_major(tensors[0])
-        request = mpi.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag)
-        return [RequestStep(request, f"send to rank {dst}", keep=source)], lambda: tensors
+        return [engine.send(_row_major(tensors[0]), dst, tag)], lambda: tensors
 
     return issue
 
 
-def recv(mpi: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[Issue, Callable[[], int]]:
+def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[Issue, Callable[[], int]]:
     """``src`` < 0 receives from any source."""
-    steps: List[RequestStep] = []
+    sources: List[Callable[[], int]] = []
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
         if len(tensors) != 1:
             raise LayoutError(f"recv takes one tensor, got {len(tensors)}")
         out = tensors[0]
         target = _receive_buffer(out)
-        source = MPI.ANY_SOURCE if src < 0 else src
-        step = RequestStep(mpi.Irecv([_bytes(target), MPI.BYTE], source=source, tag=tag), "recv", keep=target)
-        steps.append(step)
+        step, source, received = engine.recv(target, src, tag)
+        sources.append(source)
 
         def finish() -> List[torch.Tensor]:
-            got = step.status.Get_count(MPI.BYTE)
+            got = received()
             wanted = out.numel() * out.element_size()
-            if got != wanted:
+            if got is not None and got != wanted:
                 raise LayoutError(
-                    f"recv from rank {step.status.Get_source()} got {got} bytes into a tensor of {wanted} bytes "
+                    f"recv from rank {source()} got {got} bytes into a tensor of {wanted} bytes "
                     f"({out.dtype}, shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
                 )
             if target is not out:
@@ -217,4 +270,4 @@ def recv(mpi: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[Iss
 
         return [step], finish
 
-    return issue, lambda: steps[0].status.Get_source()
+    return issue, lambda: sources[0]()

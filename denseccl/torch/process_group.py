@@ -2,10 +2,12 @@
 collectives run on each tensor's storage span, in whatever dense layout it has, after the
 cross-rank agreement check.
 
-CPU tensors move over denseccl's MPI transport (the job is launched with ``mpiexec``; the torch
-rank must be the MPI rank). CUDA tensors move over its NCCL transport, created on the first CUDA
-collective. ``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does
-not offer) run on an MPI communicator this group owns, for CPU tensors (:mod:`._extras`).
+CPU tensors move over denseccl's MPI transport when an MPI launcher started the job (the torch
+rank must be the MPI rank), and over the gloo engine otherwise (torchrun, ``mp.spawn``, env://,
+file://, tcp://: torch's gloo moves each span as a flat 1-D view, made from this group's store).
+CUDA tensors move over the NCCL transport, created on the first CUDA collective.
+``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does not offer)
+run on an MPI communicator or a gloo group this group owns, for CPU tensors (:mod:`._extras`).
 
 This module holds the group itself (registration, communicators, lifecycle) and its
 elementwise collectives; the gather and scatter family, with its staging of dim-0 concatenated
@@ -30,7 +32,7 @@ from ..errors import DenseCCLError, LayoutError
 from . import buckets
 from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
 from ._issue import Issue, raising_everywhere, start_each
-from ._launch import host_problem, mpi_group
+from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
 from .work import AsyncWork, Operation, Progress, completed_work, new_future
@@ -51,12 +53,13 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         #: How many operations had to stage through a copy (dim 0 not outermost, or an output
         #: whose layout differs from the moved blocks'); the rest moved the tensors' spans.
         self.staged_operations = 0
-        self._global_ranks = list(global_ranks) or list(range(size))
+        #: the members' global ranks in group-rank order; empty for the default group (torch's rule)
+        self._global_ranks = list(global_ranks)
         self._progress = Progress(f"denseccl-rank{rank}")
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
         self._host: Optional[Communicator] = None
-        self._aux: Any = None  # mpi4py duplicate for point-to-point and all-to-all
+        self._aux: Any = None  # the engine of point-to-point and all-to-all (_extras)
         self._device: Optional[Communicator] = None
         self._host_problem: Optional[str] = None
         self._names: dict = {}
@@ -65,12 +68,19 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     # -- setup -------------------------------------------------------------------------------
 
     def _setup_host(self) -> None:
-        """The MPI communicators that move CPU tensors, where this process can have them."""
-        self._host_problem = host_problem(self._group_size)
-        if self._host_problem is None:
-            self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
-            self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
-            self._aux = self._mpi_group.Dup()
+        """The communicator that moves CPU tensors: MPI under an MPI launcher, else the gloo
+        engine on this group's store; and the engine of the extras (all-to-all, send/recv)."""
+        from . import _extras  # noqa: PLC0415
+
+        if host_engine() == "gloo":
+            self._host = denseccl_init(backend="gloo", store=self._store, rank=self._group_rank, size=self._group_size, timeout=self._seconds or 0)
+            self._aux = _extras.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
+            return
+        if self._global_ranks:  # MPI_Comm_create_group blocks until every member calls it
+            arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
+        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
+        self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
+        self._aux = _extras.MPIEngine(self._mpi_group.Dup())
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -82,7 +92,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         kind = kinds.pop()
         if kind == "cpu":
             if self._host is None:
-                raise DenseCCLError(self._host_problem or "denseccl: no MPI communicator for CPU tensors")
+                raise DenseCCLError(self._host_problem or "denseccl: no communicator for CPU tensors")
             return self._host
         if kind == "cuda":
             return self._device_communicator(tensors[0].device)
@@ -151,7 +161,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     @property
     def host_communicator(self) -> Optional[Communicator]:
-        """The denseccl communicator that moves CPU tensors (None without an MPI launch)."""
+        """The denseccl communicator that moves CPU tensors (MPI or the gloo engine)."""
         return self._host
 
     # -- elementwise collectives -------------------------------------------------------------
@@ -249,7 +259,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         comm.barrier()
         return completed_work([])
 
-    # -- outside denseccl's core: all-to-all and point-to-point, on this group's MPI duplicate --
+    # -- outside denseccl's core: all-to-all and point-to-point, on this group's engine --------
 
     def _aux_comm(self, tensors: Sequence[torch.Tensor], what: str) -> Any:
         if any(t.device.type != "cpu" for t in tensors):
@@ -258,7 +268,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
         if self._aux is None:
-            raise DenseCCLError(self._host_problem or f"denseccl: no MPI communicator for {what}")
+            raise DenseCCLError(self._host_problem or f"denseccl: no engine for {what}")
         return self._aux
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:  # noqa: A002
@@ -323,11 +333,12 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         if self._mpi_group is not None:
             from mpi4py import MPI  # noqa: PLC0415
 
-            if not MPI.Is_finalized():
-                for mpi in (self._aux, self._mpi_group if self._owns_mpi_group else None):
-                    if mpi is not None and mpi != MPI.COMM_NULL:
-                        with contextlib.suppress(Exception):
-                            mpi.Free()
+            if not MPI.Is_finalized() and self._owns_mpi_group and self._mpi_group != MPI.COMM_NULL:
+                with contextlib.suppress(Exception):
+                    self._mpi_group.Free()
+        if self._aux is not None:
+            with contextlib.suppress(Exception):
+                self._aux.free()
         self._aux = self._mpi_group = None
         self._host_problem = "this process group has been shut down"
 

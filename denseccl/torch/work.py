@@ -328,3 +328,27 @@ class RequestStep(Step):
         if not self.is_completed():
             wait_until(self.is_completed, deadline, self.what)
         self.keep = None
+
+
+class WorkStep(Step):
+    """A torch Work of the gloo engine's group as a step (point-to-point and all-to-all under a
+    launch without MPI)."""
+
+    __slots__ = ("work", "keep", "what", "completed")
+
+    def __init__(self, work: Any, what: str, keep: Any = None) -> None:
+        self.work = work
+        self.keep = keep  # tensors the work reads or writes
+        self.what = what
+        self.completed = False
+
+    def is_completed(self) -> bool:
+        if not self.completed and self.work.is_completed():
+            self.completed = True
+        return self.completed
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        from ..transports.gloo import wait_work  # noqa: PLC0415
+
+        wait_work(self.work, None if timeout is None else time.monotonic() + timeout, self.what)
+        self.completed, self.keep = True, None

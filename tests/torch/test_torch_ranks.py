@@ -26,6 +26,13 @@ def test_every_collective_on_every_layout(n):
     passed(run_ranks(n, RANKS / "collectives.py", timeout=180), n)
 
 
+@pytest.mark.parametrize("n", [4, 5, 8])
+def test_subgroups_and_meshes_of_every_shape(n):
+    """Prefixes [0..k-1] (once mistaken for the world), suffixes, singletons, strided and
+    overlapping groups, new_subgroups, 2-D and 3-D meshes, per-host groups."""
+    passed(run_ranks(n, RANKS / "subgroups.py", timeout=300), n)
+
+
 def test_init_methods_and_rank_check():
     result = run_ranks(2, RANKS / "init_methods.py", timeout=120)
     passed(result, 2)

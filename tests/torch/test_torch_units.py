@@ -65,13 +65,26 @@ def test_reduce_ops_map_to_denseccl_ops():
         reduce_op(R.BXOR)
 
 
-def test_cpu_collective_without_mpi_launch_says_to_use_mpiexec(monkeypatch):
-    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+def test_group_without_mpi_launch_whose_peer_never_joins_times_out(monkeypatch):
+    """Without an MPI launcher CPU tensors move over the gloo engine, made from the group's
+    store; a peer that never joins makes its creation raise within the timeout."""
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(name, raising=False)
-    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=5))
-    assert pg.getBackendName() == "denseccl" and pg.size() == 2 and pg.rank() == 0
-    with pytest.raises(denseccl.DenseCCLError, match="mpiexec"):
-        pg.allreduce([torch.ones(3)])
+    started = time.monotonic()
+    with pytest.raises(denseccl.CollectiveTimeoutError, match="never joined"):
+        ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=2))
+    assert time.monotonic() - started < 10
+
+
+def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(monkeypatch):
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+    assert pg.getBackendName() == "denseccl" and pg.size() == 1 and pg.host_communicator.backend == "gloo"
+    x = torch.arange(6.0).view(2, 3).t()
+    pg.allreduce([x]).wait()
+    assert torch.equal(x, torch.arange(6.0).view(2, 3).t()) and x.stride() == (1, 3)
+    pg.shutdown()
 
 
 # -- tensor layout helpers --------------------------------------------------------------------

@@ -21,6 +21,19 @@ LAYOUTS: Dict[str, Tuple[Tuple[int, ...], Callable[[Tuple[int, ...], torch.dtype
 }
 
 
+def init() -> None:
+    """``init_process_group("denseccl")`` for the launcher that started this rank: under mpiexec
+    rank and world size come from MPI (denseccl.torch.init_process_group); under torchrun from
+    its env:// variables (CPU tensors then move over the gloo engine)."""
+    import denseccl.torch as dt
+    from denseccl.config import launched_by_mpi
+
+    if launched_by_mpi():
+        dt.init_process_group()
+    else:
+        dt.init_process_group("denseccl")
+
+
 def values(seed: int, rank: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """Row-major values of rank ``rank`` for case ``seed`` (any rank can compute them)."""
     generator = torch.Generator().manual_seed(seed * 1009 + rank)
