@@ -21,10 +21,10 @@ How the suite is made to test a backend that is not gloo (torch is not edited):
   with ``BACKEND=gloo``, so a denseccl run is decorated exactly as the gloo run it is compared
   with; afterwards the module's ``BACKEND`` is the real backend's name, so test bodies (which
   check names, create groups, read ``dist.get_backend()``) see denseccl.
-* ``UNSKIP``: tests that gloo's decoration skips only because of the backend's name although
-  denseccl provides the feature (CPU all-to-all is gated on ``BACKEND == "mpi"``).
-* ``BODY_AS_GLOO``: tests whose body picks its CPU code path by ``BACKEND in ("mpi", "gloo")``
-  and has none for other names; their body sees ``"gloo"`` (the process group is denseccl).
+* ``cases.UNSKIP``: tests that gloo's decoration skips only because of the backend's name
+  although denseccl provides the feature (CPU all-to-all is gated on ``BACKEND == "mpi"``).
+* ``cases.BODY_AS_GLOO``: tests whose body picks its CPU code path by ``BACKEND in ("mpi",
+  "gloo")`` and has none for other names; their body sees ``"gloo"`` (the group is denseccl).
 
 Settings come from the environment so that spawned ranks, which import this module again, see
 the same: ``DENSECCL_SUITE_BACKEND`` (``denseccl`` or ``gloo``, for the baseline), ``WORLD_SIZE``
@@ -61,7 +61,7 @@ os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.testing._internal import common_utils  # noqa: E402
-from torch.testing._internal.common_distributed import TEST_SKIPS, DistTestCases, MultiProcessTestCase  # noqa: E402
+from torch.testing._internal.common_distributed import TEST_SKIPS, DistTestCases  # noqa: E402
 
 if BACKEND == "denseccl":
     import denseccl.torch  # noqa: F401, E402  (registers the backend)
@@ -70,43 +70,10 @@ if BACKEND == "denseccl":
 
 from torch.testing._internal.distributed import distributed_test as suite  # noqa: E402
 
+from cases import BODY_AS_GLOO, UNSKIP  # noqa: E402  (beside this file)
+
 os.environ["BACKEND"] = BACKEND
 suite.BACKEND = BACKEND
-
-#: test -> the skip reason (from the backend's name) that denseccl overrides, and why it may.
-UNSKIP: Dict[str, str] = dict.fromkeys(
-    [
-        "test_all_to_all",
-        "test_all_to_all_complex",
-        "test_all_to_all_full_group",
-        "test_all_to_all_group",
-    ],
-    "Only MPI supports all_to_all",
-)
-UNSKIP.update(
-    dict.fromkeys(
-        [
-            "test_all_to_all_single_equal_split",
-            "test_all_to_all_single_equal_split_complex",
-            "test_all_to_all_single_equal_split_full_group",
-            "test_all_to_all_single_equal_split_group",
-            "test_all_to_all_single_unequal_split",
-            "test_all_to_all_single_unequal_split_complex",
-            "test_all_to_all_single_unequal_split_full_group",
-            "test_all_to_all_single_unequal_split_group",
-        ],
-        "Only MPI supports CPU all_to_all_single",
-    )
-)
-
-#: tests whose body chooses its CPU path with ``BACKEND in ("mpi", "gloo")`` (no path otherwise)
-BODY_AS_GLOO = {
-    "test_accumulate_gradients_no_sync",
-    "test_accumulate_gradients_no_sync_allreduce_hook",
-    "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
-    "test_accumulate_gradients_no_sync_grad_is_view",
-}
-
 
 def _unskipped(name: str) -> Any:
     """The suite's test ``name`` as a method unittest does not skip (the function is shared with
@@ -253,8 +220,14 @@ def run_under_mpi(names: List[str], out: Optional[str]) -> None:
     world = MPI.COMM_WORLD.Dup()
     rank, size = world.Get_rank(), world.Get_size()
     records: Dict[str, Dict[str, Any]] = {}
+    environment = dict(os.environ)
     for name in names:
         started = time.monotonic()
+        # a rank process runs many tests: each starts from the environment (and the debug level
+        # read from it) that a fresh process would have; some tests change and do not restore it
+        os.environ.clear()
+        os.environ.update(environment)
+        dist.set_debug_level_from_env()
         reason = skip_reason(name)
         if reason is not None:
             outcome = {"outcome": "skipped", "detail": reason}
