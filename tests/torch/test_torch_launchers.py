@@ -48,3 +48,7 @@ def test_ddp_grad_layout_under_torchrun():
 
 def test_numpy_init_under_torchrun():
     passed(torchrun(3, RANKS / "numpy_torchrun.py", timeout=240), 3)
+
+
+def test_adapter_errors_on_one_rank_raise_everywhere_under_torchrun():
+    passed(torchrun(3, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), 3)
