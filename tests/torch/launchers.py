@@ -16,7 +16,9 @@ from tests.support.ranks import ROOT
 MPI_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
-def run(command: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]] = None, expect_failure: bool = False) -> subprocess.CompletedProcess:
+def run(command: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]] = None, expect_failure: Optional[bool] = False) -> subprocess.CompletedProcess:
+    """Run ``command``; assert it succeeded (or failed, with ``expect_failure``; None asserts
+    neither, for programs whose printed verdicts decide)."""
     environment = {k: v for k, v in os.environ.items() if k not in MPI_VARIABLES}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.setdefault("DENSECCL_TIMEOUT", "60")
@@ -36,7 +38,7 @@ def run(command: Sequence[str], *, timeout: float, env: Optional[Dict[str, str]]
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    if (process.returncode != 0) != expect_failure:
+    if expect_failure is not None and (process.returncode != 0) != expect_failure:
         raise AssertionError(f"{' '.join(command)} exited with {process.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
     return subprocess.CompletedProcess(list(command), process.returncode, stdout, stderr)
 
