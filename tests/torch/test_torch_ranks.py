@@ -58,7 +58,7 @@ def test_fsdp2_matches_single_process_training():
 
 def test_ddp_example_runs_as_documented():
     """The example of the README (torch section) on 2 ranks (launch/run is mpiexec with the venv on PATH)."""
-    result = run_ranks(2, ROOT / "launch" / "torch_ddp_example.py", timeout=180)
+    result = run_ranks(2, ROOT / "examples" / "torch_ddp_example.py", timeout=180)
     lines = result.stdout.splitlines()
     assert lines[-1] == "OK", result.stdout
     assert "parameters identical on all 2 ranks: True" in lines
