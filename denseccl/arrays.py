@@ -307,3 +307,29 @@ def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
             # 1 is cudaStreamLegacy, the stream that handle 0 names in CuPy, torch and NCCL
             return StreamRef(0 if named == 1 else named, library, buffer.device)
     return StreamRef(current_stream_pointer(library, buffer.device), library, buffer.device)
+
+
+_TORCH_STREAMS: Dict[Tuple[int, int], Any] = {}
+
+
+def record_stream(ref: Any, keep: Any) -> None:
+    """Tell torch's caching allocator that the CUDA tensors among ``keep`` (a Buffer or a tuple
+    of them) are used by work on stream ``ref`` (a :class:`StreamRef`), as ProcessGroupNCCL
+    does for its stream: a tensor freed after ``Work.wait()`` (which orders only the caller's
+    current stream) is then not handed out again on its allocation stream before that work is
+    done. torch ignores it where ``ref`` is the allocation stream. Other libraries: nothing."""
+    if not isinstance(ref, StreamRef) or ref.library != "torch":
+        return
+    stream = _TORCH_STREAMS.get((ref.pointer, ref.device))
+    if stream is None:
+        if len(_TORCH_STREAMS) >= 256:  # streams come and go: keep the cache bounded
+            _TORCH_STREAMS.clear()
+        stream = sys.modules["torch"].cuda.ExternalStream(ref.pointer, device=ref.device)
+        _TORCH_STREAMS[(ref.pointer, ref.device)] = stream
+    seen = None
+    for buffer in (keep,) if isinstance(keep, Buffer) else keep:
+        if not isinstance(buffer, Buffer) or buffer.library != "torch" or buffer.device == HOST:
+            continue
+        if buffer.owner is not seen:
+            buffer.owner.record_stream(stream)
+            seen = buffer.owner  # in place: the input is the output

@@ -62,15 +62,16 @@ def init(
     seconds (or a ``datetime.timedelta``) a rank waits for its peers before
     :class:`CollectiveTimeoutError` (default ``DENSECCL_TIMEOUT``, else 300; 0 waits forever).
     """
+    seconds = config.timeout(timeout)
+    deadline = _deadline(seconds)  # one deadline for every bootstrap step, choosing the backend included
     backend = (backend or config.settings().backend or _default_backend(options)).lower()
     checking = _check_policy(check)
-    seconds = config.timeout(timeout)
     if backend == "mpi":
         if options:
             raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
-        return _init_mpi(comm, checking, seconds)
+        return _init_mpi(comm, checking, seconds, deadline)
     if backend == "gloo":
-        return _init_gloo(checking, seconds, **options)
+        return _init_gloo(checking, seconds, deadline, **options)
     if backend == "nccl":
         from .nccl_bootstrap import init_nccl  # noqa: PLC0415 - needs cupy
 
@@ -84,13 +85,12 @@ def _deadline(timeout: Optional[float]) -> Optional[float]:
     return None if timeout is None else time.monotonic() + timeout
 
 
-def _init_mpi(comm: Any, check: bool, timeout: Optional[float]) -> Communicator:
+def _init_mpi(comm: Any, check: bool, timeout: Optional[float], deadline: Optional[float]) -> Communicator:
     MPI = _import_mpi()
     from .transports.base import abandon, wait_until  # noqa: PLC0415
     from .transports.mpi import MPIControl, MPITransport  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
-    deadline = _deadline(timeout)
     duplicates = []
     for _ in range(2):  # nonblocking, so that a peer that never calls init cannot hold this rank forever
         duplicate, request = base.Idup()
@@ -125,7 +125,7 @@ def _env_int(name: str, given: Optional[int]) -> int:
 _STORES: Dict[Tuple[str, int], Any] = {}
 
 
-def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:
+def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:  # timeout: seconds to reach the server
     """The ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``, made once per process (a second init
     reuses it: its server holds the port), served by rank 0 unless torchrun's agent serves it
     (``TORCHELASTIC_USE_AGENT_STORE=True``). CollectiveTimeoutError when the server cannot be
@@ -150,7 +150,7 @@ def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:
 
 
 def _init_gloo(
-    check: bool, timeout: Optional[float], *, store: Any = None, rank: Optional[int] = None, size: Optional[int] = None,
+    check: bool, timeout: Optional[float], deadline: Optional[float], *, store: Any = None, rank: Optional[int] = None, size: Optional[int] = None,
     prefix: str = "denseccl", **unexpected: Any,
 ) -> Communicator:
     """The gloo engine on ``store`` (default: the env:// store of a torchrun-style launch)."""
@@ -170,11 +170,11 @@ def _init_gloo(
                 "the gloo backend needs a way for the ranks to meet: store= (a torch TCPStore or FileStore) with rank= "
                 "and size=, or a torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
             )
-        store = env_store(rank, size, timeout)
+        store = env_store(rank, size, None if deadline is None else max(deadline - time.monotonic(), 0.001))
     # the n-th communicator this rank builds on this store (a per-rank counter kept in the store,
     # so that groups with different members and re-created store objects agree)
     number = int(store.add(f"{prefix}/gloo/inits/{rank}", 1)) - 1
-    transport, control = open_gloo(store, rank, size, timeout, f"{prefix}/gloo/{number}/")
+    transport, control = open_gloo(store, rank, size, timeout, f"{prefix}/gloo/{number}/", deadline)
     return Communicator(transport, control, check=check, timeout=timeout)
 
 

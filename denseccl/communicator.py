@@ -79,7 +79,7 @@ class Communicator:
             pending = DONE
         if key is not None and count and not transport.device_memory:
             self._plan(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
-        return self._complete(pending, target.owner, async_op, (source, target))
+        return self._complete(pending, target.owner, async_op, (source, target), stream)
 
     def reduce(self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
@@ -109,7 +109,7 @@ class Communicator:
         pending = self._guard(self.transport.reduce, source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
             self._plan(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
-        return self._complete(pending, target.owner, async_op, (source, target))
+        return self._complete(pending, target.owner, async_op, (source, target), stream)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
@@ -132,7 +132,7 @@ class Communicator:
         pending = self._guard(self.transport.broadcast, buffer.span_pointer, count, DTYPES[buffer.layout.dtype], root, stream) if count else DONE
         if key is not None and count and not self.transport.device_memory:
             self._plan(key, descriptor, buffer, self.transport.in_place("broadcast", count, DTYPES[buffer.layout.dtype], None, root))
-        return self._complete(pending, buffer.owner, async_op, buffer)
+        return self._complete(pending, buffer.owner, async_op, buffer, stream)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Gather every rank's ``x`` into a stacked array of shape ``(size, *x.shape)`` whose
@@ -154,7 +154,7 @@ class Communicator:
         self._agree(descriptor)
         count = block.numel
         pending = self._guard(self.transport.allgather, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream) if count else DONE
-        return self._complete(pending, target.owner, async_op, (source, target))
+        return self._complete(pending, target.owner, async_op, (source, target), stream)
 
     def reduce_scatter(self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Reduce the stacked ``x`` (shape ``(size, *s)``) over ranks and give rank ``r`` block
@@ -183,7 +183,7 @@ class Communicator:
         self._agree(descriptor)
         count = block.numel
         pending = self._guard(self.transport.reduce_scatter, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream) if count else DONE
-        return self._complete(pending, target.owner, async_op, (source, target))
+        return self._complete(pending, target.owner, async_op, (source, target), stream)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
@@ -395,7 +395,9 @@ class Communicator:
         if start is not None:  # None: the transport wants the full path every time
             remember(self._plans, key, compile_plan(self, descriptor, buffer, start))
 
-    def _complete(self, pending: Pending, result: Any, async_op: bool, keep: Any) -> Any:
+    def _complete(self, pending: Pending, result: Any, async_op: bool, keep: Any, stream: Any = None) -> Any:
+        if self.transport.device_memory:
+            arrays.record_stream(stream, keep)
         if self._orphans:
             self._orphans.poll()
         if async_op:

@@ -118,7 +118,8 @@ def unique_id_tuple(raw: bytes) -> Tuple[int, ...]:
 
 
 def cupy_wants_bytes(version: str) -> bool:
-    """CuPy >= 14 takes the unique id as bytes; earlier versions as a tuple of ints."""
+    """CuPy >= 14 takes (and ``get_unique_id`` returns) the unique id as bytes; earlier
+    versions as a tuple of signed ints."""
     try:
         return int(version.split(".")[0]) >= 14
     except ValueError:
@@ -126,15 +127,8 @@ def cupy_wants_bytes(version: str) -> bool:
 
 
 def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_version: str) -> Any:
-    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes; if the
-    version guess is wrong (a TypeError from the typed argument), the other form."""
-    forms = [raw, unique_id_tuple(raw)]
-    if not cupy_wants_bytes(cupy_version):
-        forms.reverse()
-    try:
-        return factory(size, forms[0], rank)
-    except TypeError:
-        return factory(size, forms[1], rank)
+    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes."""
+    return factory(size, raw if cupy_wants_bytes(cupy_version) else unique_id_tuple(raw), rank)
 
 
 # -- which device ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
+from .config import Seconds, seconds
 from .transports.base import Pending, abandon
 
 if TYPE_CHECKING:
@@ -27,20 +28,20 @@ class Work:
         self._keep = keep  # the buffers the transfer reads and writes
         self._done = False
 
-    def wait(self, timeout: Optional[float] = None) -> Any:
+    def wait(self, timeout: Seconds = None) -> Any:
         """Block until the collective has completed and return its result array.
-        ``timeout`` (seconds) defaults to the communicator's. On a device transport (NCCL)
+        ``timeout`` (seconds or a ``datetime.timedelta``) defaults to the communicator's. On a device transport (NCCL)
         this does not block the host: it makes the caller's current stream wait for the
         collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
-        self._communicator._wait(self._pending, timeout)
+        self._communicator._wait(self._pending, seconds(timeout, "timeout"))
         self._done, self._keep = True, None
         return self._result
 
-    def synchronize(self, timeout: Optional[float] = None) -> Any:
+    def synchronize(self, timeout: Seconds = None) -> Any:
         """Block the host until the collective has completed (on the device too) and return
         its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
         communicator's), which also aborts a device communicator."""
-        self._communicator._synchronize(self._pending, timeout)
+        self._communicator._synchronize(self._pending, seconds(timeout, "timeout"))
         self._done, self._keep = True, None
         return self._result
 

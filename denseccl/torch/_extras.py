@@ -10,13 +10,13 @@ they are inconsistent.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch._C._distributed_c10d as c10d
 
+from ..agreement import Descriptor, agree
 from ..errors import LayoutError, MismatchError
 from ._issue import Issue
 from .work import RequestStep, WorkStep
@@ -111,37 +111,33 @@ def _displacements(counts: Sequence[int]) -> List[int]:
     return out
 
 
-def _exchange_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, problem: Optional[str]) -> List[dict]:
-    """Every rank's plan (or its local problem), via the agreement channel; raise on every rank
-    if any rank had a problem."""
+def _agree_on_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, problem: Optional[BaseException]) -> None:
+    """The core's agreement on what every rank must share (dtype, row shape), with a local
+    ``problem`` taking part as invalid, so that every rank raises (that rank its own error, the
+    others a MismatchError). Then one more step, a max-allreduce of the split matrices each
+    rank fills one row of, checks that rank ``j`` receives from rank ``r`` what ``r`` sends it:
+    every rank reaches the same verdict from the same matrices."""
     host = group.host_communicator
     assert host is not None
+    size = host.size
     deadline = None if host.timeout is None else time.monotonic() + host.timeout
-    mine = json.dumps({"plan": plan, "problem": problem}).encode()
-    entries = [json.loads(raw) for raw in host.control.allgather_bytes(mine, deadline)]
-    problems = [(r, e["problem"]) for r, e in enumerate(entries) if e["problem"]]
-    if problem is not None:
-        raise LayoutError(f"{what}: {problem}")
-    if problems:
-        listed = "; ".join(f"rank {r}: {p}" for r, p in problems)
-        raise MismatchError(f"{what} mismatch: a peer's input failed validation ({listed}). Nothing was sent")
-    return [e["plan"] for e in entries]
-
-
-def _check_pairs(what: str, plans: List[dict], sends: str, receives: str) -> None:
-    """Rank j must receive from rank r what rank r sends to j; dtypes (and row shapes) equal."""
-    lines = []
-    dtypes = {p["dtype"] for p in plans}
-    if len(dtypes) > 1:
-        lines.append("dtypes differ: " + ", ".join(f"rank {r} {p['dtype']}" for r, p in enumerate(plans)))
-    rows = {tuple(p.get("row", ())) for p in plans}
-    if len(rows) > 1:
-        lines.append("row shapes differ: " + ", ".join(f"rank {r} {tuple(p.get('row', ()))}" for r, p in enumerate(plans)))
-    for r, plan in enumerate(plans):
-        for j, count in enumerate(plan[sends]):
-            expected = plans[j][receives][r]
-            if count != expected:
-                lines.append(f"rank {r} sends {count} to rank {j}, which expects {expected}")
+    key = (plan.get("dtype", ""), tuple(plan.get("row", ())), ()) if problem is None else None
+    descriptor = Descriptor(what, None, None, key)  # type: ignore[arg-type]
+    if host.check and size > 1:
+        host._guard(agree, host.control, descriptor, deadline, problem)
+    if problem is not None:  # check off: raised here alone, as the core does
+        raise problem
+    rank = host.rank
+    rows = [-1] * (2 * size * size)
+    rows[rank * size : (rank + 1) * size] = plan["send"]
+    rows[size * size + rank * size : size * size + (rank + 1) * size] = plan["recv"]
+    every = host._guard(host.control.allreduce_max, rows, deadline)
+    sends = [every[r * size : (r + 1) * size] for r in range(size)]
+    receives = [every[size * size + r * size : size * size + (r + 1) * size] for r in range(size)]
+    lines = [
+        f"rank {r} sends {sends[r][j]} to rank {j}, which expects {receives[j][r]}"
+        for r in range(size) for j in range(size) if sends[r][j] != receives[j][r]
+    ]
     if lines:
         raise MismatchError(
             f"{what} mismatch: " + "; ".join(lines[:8]) + (" ..." if len(lines) > 8 else "")
@@ -153,7 +149,7 @@ def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.
     size = group._group_size
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        problem = None
+        problem: Optional[BaseException] = None
         plan: dict = {}
         try:
             if output.dtype != inp.dtype:
@@ -165,10 +161,9 @@ def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.
             ins = _splits(in_splits, inp.shape[0], size, "input")
             outs = _splits(out_splits, output.shape[0], size, "output")
             plan = {"dtype": str(inp.dtype), "row": list(inp.shape[1:]), "send": ins, "recv": outs}
-        except LayoutError as error:
-            problem = str(error)
-        plans = _exchange_plans(group, "all_to_all_single", plan, problem)
-        _check_pairs("all_to_all_single", plans, "send", "recv")
+        except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+            problem = error
+        _agree_on_plans(group, "all_to_all_single", plan, problem)
         row = _row_bytes(inp)
         source, target = _row_major(inp), _receive_buffer(output)
         step = engine.alltoallv(source, target, [n * row for n in plan["send"]], [n * row for n in plan["recv"]], "all_to_all_single")
@@ -204,7 +199,7 @@ def alltoall(group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Ten
     size = group._group_size
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        problem = None
+        problem: Optional[BaseException] = None
         plan: dict = {}
         try:
             if len(outputs) != size or len(inputs) != size:
@@ -213,10 +208,9 @@ def alltoall(group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Ten
             if len(dtypes) != 1:
                 raise LayoutError(f"all_to_all tensors have different dtypes {sorted(map(str, dtypes))}")
             plan = {"dtype": str(inputs[0].dtype), "send": [t.numel() for t in inputs], "recv": [t.numel() for t in outputs]}
-        except LayoutError as error:
-            problem = str(error)
-        plans = _exchange_plans(group, "all_to_all", plan, problem)
-        _check_pairs("all_to_all", plans, "send", "recv")
+        except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+            problem = error
+        _agree_on_plans(group, "all_to_all", plan, problem)
         itemsize = inputs[0].element_size()
         source = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0)
         target = torch.empty(sum(plan["recv"]), dtype=outputs[0].dtype)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
 from . import buckets
 from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
-from ._issue import Issue, raising_everywhere, start_each
+from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
@@ -120,6 +120,21 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 ) from error
         return self._device
 
+    @contextlib.contextmanager
+    def _arguments(self, what: str, *given: Any) -> Iterator[None]:
+        """Where a call reads torch's arguments (options, op, tensors, their device): a failure
+        there is raised on every rank, through the agreement step the peers' call takes first
+        (on the communicator of the tensors' device, else the host's), so that no peer waits
+        and no peer's call pairs with this rank's next one. Must cover only steps before the
+        call's first agreement."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+            comm = self._device if self._device is not None and _any_cuda(given) else self._host
+            if comm is None:
+                raise
+            fail_everywhere(comm, what, error)
+
     # -- running -----------------------------------------------------------------------------
 
     def _run(self, name: str, opts: Any, device: torch.device, issue: Issue, *, source_rank: Optional[Callable[[], int]] = None) -> dist.Work:
@@ -167,10 +182,11 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     # -- elementwise collectives -------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.AllreduceOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "allreduce")
-        op = reduce_op(opts.reduceOp)
+        with self._arguments("allreduce", tensors):
+            opts = options(opts, _c10d.AllreduceOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "allreduce")
+            op = reduce_op(opts.reduceOp)
 
         now = synchronous_on_host(opts, tensors)
 
@@ -187,10 +203,11 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
         bucket of spans, covered by that agreement; the results are copied back run by run."""
-        opts = options(opts, _c10d.AllreduceCoalescedOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "allreduce_coalesced")
-        op = reduce_op(opts.reduceOp)
+        with self._arguments("allreduce_coalesced", tensors):
+            opts = options(opts, _c10d.AllreduceCoalescedOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "allreduce_coalesced")
+            op = reduce_op(opts.reduceOp)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allreduce_coalesced"):
@@ -211,11 +228,12 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         return self._run("allreduce_coalesced", opts, tensors[0].device, issue)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.ReduceOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "reduce")
-        op = reduce_op(opts.reduceOp)
-        root = opts.rootRank
+        with self._arguments("reduce", tensors):
+            opts = options(opts, _c10d.ReduceOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "reduce")
+            op = reduce_op(opts.reduceOp)
+            root = opts.rootRank
 
         now = synchronous_on_host(opts, tensors)
 
@@ -230,10 +248,11 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         return self._run("reduce", opts, tensors[0].device, issue)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.BroadcastOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "broadcast")
-        root = opts.rootRank
+        with self._arguments("broadcast", tensors):
+            opts = options(opts, _c10d.BroadcastOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "broadcast")
+            root = opts.rootRank
 
         now = synchronous_on_host(opts, tensors)
 
@@ -274,9 +293,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:  # noqa: A002
         """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r``. Runs row-major: a tensor
         that is not row-major is staged through a contiguous copy."""
-        opts = options(opts, _c10d.AllToAllOptions)
-        mpi = self._aux_comm([output, input], "all_to_all_single")
-        from . import _extras  # noqa: PLC0415
+        with self._arguments("all_to_all_single", output, input):
+            opts = options(opts, _c10d.AllToAllOptions)
+            mpi = self._aux_comm([output, input], "all_to_all_single")
+            from . import _extras  # noqa: PLC0415
 
         issue = _extras.all_to_all_single(self, mpi, output, input, list(output_split_sizes), list(input_split_sizes))
         return self._run("all_to_all_single", opts, input.device, issue)
@@ -284,10 +304,11 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.AllToAllOptions)
-        outputs, inputs = as_list(output_tensors), as_list(input_tensors)
-        mpi = self._aux_comm(outputs + inputs, "all_to_all")
-        from . import _extras  # noqa: PLC0415
+        with self._arguments("alltoall", output_tensors, input_tensors):
+            opts = options(opts, _c10d.AllToAllOptions)
+            outputs, inputs = as_list(output_tensors), as_list(input_tensors)
+            mpi = self._aux_comm(outputs + inputs, "all_to_all")
+            from . import _extras  # noqa: PLC0415
 
         issue = _extras.alltoall(self, mpi, outputs, inputs)
         return self._run("all_to_all", opts, inputs[0].device, issue)
@@ -344,6 +365,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def abort(self) -> None:
         self._progress.stop()
+
+
+def _any_cuda(given: Any) -> bool:
+    """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested once)."""
+    for thing in given:
+        items = thing if isinstance(thing, (list, tuple)) else [thing]
+        for item in items:
+            inner = item if isinstance(item, (list, tuple)) else [item]
+            if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inner):
+                return True
+    return False
 
 
 def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupDenseCCL:

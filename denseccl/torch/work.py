@@ -18,7 +18,6 @@ Only one thread at a time tests a step (one lock per group), as MPI requires of 
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
 import threading
 import time
@@ -293,13 +292,7 @@ def completed_work(value: Any, device: Optional[torch.device] = None) -> dist.Wo
 
 def _seconds(timeout: Any) -> Optional[float]:
     """torch passes a ``timedelta`` (0 meaning none); Python callers may pass seconds."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        seconds = timeout.total_seconds()
-    else:
-        seconds = float(timeout)
-    return seconds if seconds > 0 else None
+    return config.seconds(timeout, "timeout") or None
 
 
 class RequestStep(Step):

@@ -116,16 +116,21 @@ class GlooPending(Pending):
             finish()
 
 
-def make_group(store: Any, prefix: str, rank: int, size: int, timeout: Optional[float], what: str) -> Any:
-    """A gloo group of ``size`` ranks on ``store`` under ``prefix``; CollectiveTimeoutError
-    when a peer does not join within ``timeout`` seconds (None: wait forever)."""
+def make_group(store: Any, prefix: str, rank: int, size: int, timeout: Optional[float], what: str, deadline: Optional[float] = None) -> Any:
+    """A gloo group of ``size`` ranks on ``store`` under ``prefix`` whose calls give up after
+    ``timeout`` seconds (None: never); CollectiveTimeoutError when a peer has not joined by
+    ``deadline`` (a ``time.monotonic()`` value; default: ``timeout`` from now)."""
     limit = _FOREVER if timeout is None else timedelta(seconds=timeout)
+    connect = limit if deadline is None else timedelta(seconds=max(deadline - time.monotonic(), 0.001))
     try:
-        return ProcessGroupGloo(PrefixStore(prefix, store), rank, size, limit)
+        group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, connect)
     except RuntimeError as error:  # DistStoreError and gloo's connect errors are RuntimeErrors
         if _is_timeout(error):
             raise _timeout_error(what, error) from None
         raise DenseCCLError(f"{what} failed: {type(error).__name__}: {error}") from error
+    if connect != limit:
+        group._set_default_timeout(limit)
+    return group
 
 
 class GlooTransport(Transport):
@@ -288,14 +293,18 @@ class GlooControl(ControlChannel):
         self.group = None
 
 
-def open_gloo(store: Any, rank: int, size: int, timeout: Optional[float], prefix: str = "denseccl/gloo/") -> Tuple[GlooTransport, GlooControl]:
+def open_gloo(
+    store: Any, rank: int, size: int, timeout: Optional[float], prefix: str = "denseccl/gloo/", deadline: Optional[float] = None
+) -> Tuple[GlooTransport, GlooControl]:
     """The transport and control channel of ``size`` ranks meeting on ``store``: two gloo groups
-    (data, agreement) under ``prefix``. CollectiveTimeoutError when a peer does not join within
-    ``timeout`` seconds."""
+    (data, agreement) under ``prefix``. CollectiveTimeoutError when a peer has not joined by
+    ``deadline`` (default: ``timeout`` seconds from now)."""
     if not 0 <= rank < size:
         raise DenseCCLError(f"rank {rank} is not in 0..{size - 1}")
-    data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap")
-    control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap")
+    if deadline is None and timeout is not None:
+        deadline = time.monotonic() + timeout
+    data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
+    control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     return GlooTransport(data, store, f"{prefix}data/", timeout), GlooControl(control, store, f"{prefix}control/", timeout)
 
 

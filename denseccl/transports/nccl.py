@@ -9,13 +9,20 @@ What NCCL lacks is mapped onto what it has, never by an extra pass over the data
 - ``PreMulSum(f)`` is NCCL's own ``ncclRedOpCreatePreMulSum`` (reached through ctypes on the
   libnccl that CuPy loaded, with the communicator's raw handle), created once per
   ``(factor, dtype)`` and destroyed at :meth:`NCCLTransport.close`;
-- broadcast and allgather of a dtype NCCL has no type for (int16, uint16) move bytes.
+- broadcast and allgather of a dtype NCCL has no type for (int16, uint16) move bytes;
+- with one rank, fp8 avg is the identity and runs as a sum (NCCL's one-rank path turns avg and
+  PreMulSum into a host-side scaling that has no fp8 case and returns ncclInvalidArgument); fp8
+  PreMulSum by a factor other than 1 is refused there with the reason.
+
+Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they never run
+while another thread is inside a call on it (NCCL's enqueue runs without the GIL). Calls count
+themselves in and out under a lock; an abort that finds one inside is deferred to the moment
+the last one leaves, and until then the transport already refuses new calls.
 
 The pieces live beside it, each testable on the CPU: the version gates, dtype and op tables and
 PreMulSum scalars in :mod:`.nccl_tables`; the ctypes binding of libnccl in :mod:`.nccl_library`;
-CUDA events, the pending call (stream wait vs host synchronisation) and the watchdog that aborts
-the communicator on a timeout or an asynchronous error in :mod:`.nccl_events`. The CUDA runtime
-and the NCCL communicator are passed in, so tests can replace them with fakes.
+CUDA events through CuPy, the pending call and the watchdog in :mod:`.nccl_events`. The CuPy
+module and the NCCL communicator are passed in, so tests can replace them with fakes.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Set, Tuple
 
+from .. import log
 from ..arrays import StreamRef, stream_pointer
 from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from ..ops import DType, Op, PreMulSum, ReduceOp
+from ..ops import DType, Op, PreMulSum, ReduceOp, op_kind
 from .base import Pending, Transport
-from .nccl_events import CudaEvents, NCCLPending, Watchdog
+from .nccl_events import CudaStreams, NCCLPending, Watchdog
 from .nccl_library import NCCLLibrary
 from .nccl_tables import (
     CARRIED_AS,
@@ -47,6 +55,9 @@ from .nccl_tables import (
     reducible_dtypes,
     version_string,
 )
+
+NCCL_INVALID_ARGUMENT = 4  # ncclInvalidArgument: refused by the argument checks, before any enqueue
+PREMUL_CACHE = 64  # PreMulSum ops kept per communicator (least recently used are destroyed)
 
 
 def raw_handle(comm: Any) -> int:
@@ -89,23 +100,31 @@ class NCCLTransport(Transport):
         self.version: int = version
         self.dtypes = nccl_dtypes(version)
         self._reducible = reducible_dtypes(version)
-        self.events = events if events is not None else CudaEvents(device)
+        self.events = events if events is not None else CudaStreams(device)
         self.compute_capability = self.events.compute_capability()
         if self.compute_capability < FP8_REDUCTION_CAPABILITY:  # fp8 then only moves, as bytes
             self._reducible = {name: code for name, code in self._reducible.items() if not name.startswith("float8")}
             self.dtypes = {name: (UINT8 if name.startswith("float8") else code) for name, code in self.dtypes.items()}
         self._library = library
         self._premul: "collections.OrderedDict[Tuple[float, str], int]" = collections.OrderedDict()
+        self._captured_ops: Set[Tuple[float, str]] = set()  # used by a CUDA graph: live as long as the communicator
         self._failure: Optional[Tuple[str, bool]] = None
+        # _lock guards the fields below; the raw communicator is freed (abort, destroy) only under
+        # it and only while no call is inside NCCL (_inside == 0)
         self._lock = threading.Lock()
+        self._inside = 0
+        self._deferred: Optional[str] = None  # "abort" or "destroy", run when the last call leaves
+        self._released = False
         self._closed = False
         self._scratch: Any = None
         self._watchdog = Watchdog(
-            timeout, self.events.done, self.async_error, self.abort, watchdog_interval, getattr(self.events, "bind_thread", None)
+            timeout, self.events.done, self.async_error, self.abort, watchdog_interval,
+            getattr(self.events, "bind_thread", None),
         )
 
     def __repr__(self) -> str:
-        return f"<NCCLTransport rank {self.rank} of {self.size} on cuda:{self.device}, NCCL {version_string(self.version)}>"
+        where = f"rank {self.rank} of {self.size} on cuda:{self.device}"
+        return f"<NCCLTransport {where}, NCCL {version_string(self.version)}>"
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -124,10 +143,9 @@ class NCCLTransport(Transport):
             raise (CollectiveTimeoutError if timed_out else CommunicatorBrokenError)(reason)
 
     def async_error(self) -> Optional[str]:
-        """NCCL's asynchronous error of this communicator as text, or None. Under the lock:
-        the watchdog's abort frees the communicator (ncclCommAbort) under it too."""
+        """NCCL's asynchronous error of this communicator as text, or None."""
         with self._lock:
-            if self._failure is not None or self._closed:
+            if self._failure is not None or self._released:
                 return None
             try:
                 self.comm.check_async_error()
@@ -136,19 +154,56 @@ class NCCLTransport(Transport):
         return None
 
     def abort(self, reason: str, timed_out: bool = False) -> None:
-        """Abort the NCCL communicator (unblocking its kernels); every later call raises."""
+        """Abort the NCCL communicator (unblocking its kernels); every later call raises. While
+        another thread is inside a call on it, the abort waits for that call to return."""
         with self._lock:
             if self._failure is not None:
                 return
             self._failure = (reason, timed_out)
         self._watchdog.close()  # outside the lock: it may be the watchdog's own thread that aborts
-        self._premul.clear()  # the ops die with the communicator
-        with self._lock:  # not while another thread asks the communicator for its async error
-            if not self._closed:
-                try:
-                    self.comm.abort()
-                except Exception:  # noqa: BLE001 - aborting is the last resort; nothing more to do
-                    pass
+        with self._lock:
+            if self._inside:
+                self._deferred = "abort"
+                log.warning(
+                    "%s; ncclCommAbort waits until the NCCL call now running in another thread returns (aborting "
+                    "under it would free the communicator it uses)",
+                    reason,
+                )
+                return
+            self._release("abort")
+
+    def _release(self, how: str) -> None:
+        """Abort or destroy the communicator (lock held, no call inside NCCL)."""
+        if self._released:
+            return
+        self._released = True
+        if how == "abort":
+            self._premul.clear()  # the ops die with the communicator
+            with contextlib.suppress(Exception):  # aborting is the last resort; nothing more to do
+                self.comm.abort()
+            return
+        handle = raw_handle(self.comm)
+        for op in self._premul.values():
+            with contextlib.suppress(Exception):
+                self.library.destroy_op(op, handle)
+        self._premul.clear()
+        self.comm.destroy()
+
+    def _enter(self) -> None:
+        """Count a call into NCCL in (refused once the communicator failed or was closed)."""
+        with self._lock:
+            if self._failure is None and not self._closed:
+                self._inside += 1
+                return
+        self.raise_if_failed()
+        raise DenseCCLError("this NCCL transport has been closed")
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0 and self._deferred is not None:
+                how, self._deferred = self._deferred, None
+                self._release(how)
 
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name.startswith("float8") and self.version >= FP8_SINCE and dtype.name not in self._reducible:
@@ -158,6 +213,12 @@ class NCCLTransport(Transport):
                 f"{self.compute_capability % 10}; broadcast and allgather move it, reductions need a wider dtype"
             )
         check_op(op, dtype, self.version)
+        if self.size == 1 and dtype.name.startswith("float8") and isinstance(op, PreMulSum) and float(op.factor) != 1.0:
+            raise LayoutError(
+                f"PreMulSum({op.factor!r}) on {dtype.name} with one rank is refused: NCCL runs a one-rank PreMulSum "
+                "as a host-side scaling that has no fp8 case (ncclInvalidArgument); scale the tensor itself "
+                "(x.mul_(factor)) or use a wider dtype"
+            )
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -168,81 +229,114 @@ class NCCLTransport(Transport):
             return self.events.default_stream()
         return StreamRef(stream_pointer(stream), "cupy", self.device)
 
-    def _launch(self, what: str, stream: Any, call: Callable[..., Any], *args: Any, host: bool = False) -> NCCLPending:
-        self.raise_if_failed()
+    def _launch(
+        self,
+        what: str,
+        stream: Any,
+        call: Callable[[int, int], Any],
+        op: Optional[Op] = None,
+        dtype: Optional[DType] = None,
+        *,
+        host: bool = False,
+    ) -> NCCLPending:
+        """Run ``call(reduction, stream pointer)`` inside the counted window, with a watchdog
+        entry unless the stream is being captured into a CUDA graph."""
         ref = self._stream(stream)
-        entry = self._watchdog.begin(what)
+        self._enter()
         try:
-            call(*args, ref.pointer)
-            event = self.events.record(ref.pointer)
-        except BaseException:
-            Watchdog.cancel(entry)
-            raise
-        Watchdog.arm(entry, event)
-        return NCCLPending(self, event, ref, host)
+            captured = self.events.capturing(ref.pointer)
+            if captured and host:
+                raise DenseCCLError(
+                    f"{what} cannot run while stream {ref.pointer:#x} is being captured into a CUDA graph: it "
+                    "blocks the host; call it before or after the capture"
+                )
+            reduction = -1 if op is None else self._reduction(op, dtype, captured)  # type: ignore[arg-type]
+            entry = None if captured else self._watchdog.begin(what)
+            try:
+                call(reduction, ref.pointer)
+                event = self.events.record(ref.pointer)
+            except BaseException as error:
+                if entry is not None:
+                    Watchdog.cancel(entry)
+                if getattr(error, "status", None) == NCCL_INVALID_ARGUMENT:
+                    raise LayoutError(
+                        f"NCCL refused the arguments of {what} ({error}); it enqueued nothing and the communicator "
+                        "stays usable. Run with NCCL_DEBUG=WARN to see which argument"
+                    ) from error
+                raise
+            if entry is not None:
+                Watchdog.arm(entry, event)
+        finally:
+            self._leave()
+        return NCCLPending(self, event, ref, host, captured)
 
-    def _reduction(self, op: Op, dtype: DType) -> int:
+    def _reduction(self, op: Op, dtype: DType, captured: bool = False) -> int:
+        """The ncclRedOp_t of ``op`` on ``dtype`` (inside the counted window: a PreMulSum op is
+        made on the raw communicator). Ops used by a captured call are never destroyed early."""
+        if self.size == 1 and dtype.name.startswith("float8") and op_kind(op) in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):
+            return NCCL_OPS[ReduceOp.SUM]  # the identity on one rank (check_op refused other factors)
         if not isinstance(op, PreMulSum):
             return builtin_op(op, dtype)
-        self.raise_if_failed()  # an aborted communicator has a null handle: say it is broken instead
         carrier = CARRIED_AS.get(dtype.name, dtype.name)
         key = (float(op.factor), carrier)
         found = self._premul.get(key)
-        if found is not None:
+        if found is None:
+            scalar = premul_scalar(op.factor, carrier)
+            code, handle = self._reducible[carrier], raw_handle(self.comm)
+            found = self._premul[key] = self.library.create_premul_sum(scalar, code, handle)
+            if len(self._premul) > PREMUL_CACHE:  # an op may be destroyed once the calls given it have returned
+                oldest = next((k for k in self._premul if k not in self._captured_ops and k != key), None)
+                if oldest is not None:
+                    self.library.destroy_op(self._premul.pop(oldest), raw_handle(self.comm))
+        else:
             self._premul.move_to_end(key)
-            return found
-        created = self.library.create_premul_sum(premul_scalar(op.factor, carrier), self._reducible[carrier], raw_handle(self.comm))
-        self._premul[key] = created
-        if len(self._premul) > 64:  # an op may be destroyed once the calls given it have returned
-            _, oldest = self._premul.popitem(last=False)
-            self.library.destroy_op(oldest, raw_handle(self.comm))
-        return created
+        if captured:
+            self._captured_ops.add(key)
+        return found
 
-    def _elements(self, dtype: DType, count: int, *, reducing: bool) -> Tuple[int, int]:
-        if reducing:
-            self.check_op(ReduceOp.SUM, dtype)
+    def _elements(self, dtype: DType, count: int, op: Optional[Op] = None) -> Tuple[int, int]:
+        """``(ncclDataType_t, count)`` of a call; with ``op``, first whether NCCL can run it."""
+        if op is not None:
+            self.check_op(op, dtype)
         return elements(dtype, count, self._reducible)
 
     # -- collectives ---------------------------------------------------------------------------
 
     def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
-        code, n = self._elements(dtype, count, reducing=True)
-        return self._launch("allreduce", stream, self.comm.allReduce, send, recv, n, code, self._reduction(op, dtype))
-
-    def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
-        code, n = self._elements(dtype, count, reducing=True)
-        return self._launch("reduce", stream, self.comm.reduce, send, recv, n, code, self._reduction(op, dtype), root)
-
-    def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
-        code, n = self._elements(dtype, count, reducing=False)
-        return self._launch("broadcast", stream, self.comm.broadcast, buffer, buffer, n, code, root)
-
-    def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
-        code, n = self._elements(dtype, count, reducing=False)
-        return self._launch("allgather", stream, self.comm.allGather, send, recv, n, code)
-
-    def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
-        code, n = self._elements(dtype, count, reducing=True)
+        code, n = self._elements(dtype, count, op)
         return self._launch(
-            "reduce_scatter", stream, self.comm.reduceScatter, send, recv, n, code, self._reduction(op, dtype)
+            "allreduce", stream, lambda red, s: self.comm.allReduce(send, recv, n, code, red, s), op, dtype
         )
 
-    def send(self, buffer: int, count: int, dtype: DType, peer: int, stream: Any = None) -> Pending:
-        """Point-to-point send of ``count`` elements to ``peer`` (NCCL >= 2.7)."""
-        code, n = self._elements(dtype, count, reducing=False)
-        return self._launch("send", stream, self.comm.send, buffer, n, code, peer)
+    def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
+        code, n = self._elements(dtype, count, op)
+        return self._launch(
+            "reduce", stream, lambda red, s: self.comm.reduce(send, recv, n, code, red, root, s), op, dtype
+        )
 
-    def recv(self, buffer: int, count: int, dtype: DType, peer: int, stream: Any = None) -> Pending:
-        """Point-to-point receive of ``count`` elements from ``peer`` (NCCL >= 2.7)."""
-        code, n = self._elements(dtype, count, reducing=False)
-        return self._launch("recv", stream, self.comm.recv, buffer, n, code, peer)
+    def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
+        code, n = self._elements(dtype, count)
+        return self._launch("broadcast", stream, lambda _, s: self.comm.broadcast(buffer, buffer, n, code, root, s))
+
+    def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
+        code, n = self._elements(dtype, count)
+        return self._launch("allgather", stream, lambda _, s: self.comm.allGather(send, recv, n, code, s))
+
+    def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        code, n = self._elements(dtype, count, op)
+        return self._launch(
+            "reduce_scatter", stream, lambda red, s: self.comm.reduceScatter(send, recv, n, code, red, s), op, dtype
+        )
 
     def barrier(self) -> Pending:
         """A one-element allreduce on the current stream; waiting on it blocks the host."""
         if self._scratch is None:
             self._scratch = self.events.scratch(4)
         pointer = int(self._scratch.ptr)
-        return self._launch("barrier", None, self.comm.allReduce, pointer, pointer, 1, INT32, NCCL_OPS[ReduceOp.SUM], host=True)
+        total = NCCL_OPS[ReduceOp.SUM]
+        return self._launch(
+            "barrier", None, lambda _, s: self.comm.allReduce(pointer, pointer, 1, INT32, total, s), host=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -253,25 +347,30 @@ class NCCLTransport(Transport):
                 f"splitting an NCCL communicator needs NCCL >= 2.18.1 (this is {version_string(self.version)}) and "
                 f"CuPy's NcclCommunicator.commSplit (CuPy >= 14{'' if split is None else ', present'})"
             )
-        self.raise_if_failed()
-        part = split(-1 if color is None else color, key)
+        self._enter()
+        try:
+            part = split(-1 if color is None else color, key)
+        finally:
+            self._leave()
         if part is None:
             return None
-        return NCCLTransport(part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library)
+        return NCCLTransport(
+            part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library
+        )
 
     def close(self) -> None:
-        """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left)."""
+        """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left);
+        a call still inside NCCL in another thread is let finish first."""
         if self._closed:
             return
         self._watchdog.close()
-        self._closed = True
-        if self._failure is None:
-            handle = raw_handle(self.comm)
-            for op in self._premul.values():
-                with contextlib.suppress(Exception):
-                    self.library.destroy_op(op, handle)
-            self._premul.clear()
-            self.comm.destroy()
+        with self._lock:
+            self._closed = True
+            if self._failure is None:
+                if self._inside:
+                    self._deferred = "destroy"
+                else:
+                    self._release("destroy")
         self._scratch = None
 
 

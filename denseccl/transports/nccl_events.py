@@ -1,23 +1,30 @@
-"""How the NCCL transport learns that its work completed, and what happens when it does not.
+"""The NCCL transport's CUDA side, thin over CuPy's own objects, and what happens when work does
+not complete.
 
-A call runs on the :class:`~denseccl.arrays.StreamRef` the communicator resolved (the array's
-current stream unless ``stream=`` was given) and records a CUDA event after it
-(:class:`CudaEvents`, CuPy's runtime; tests pass a fake). :meth:`NCCLPending.wait` makes the
-caller's *current* stream wait for that event (no host synchronisation; nothing at all when the
-call ran on the current stream); :meth:`NCCLPending.synchronize` blocks the host, polling the
-event and ``ncclCommGetAsyncError`` until the deadline, and aborts the communicator
-(``ncclCommAbort``) when it passes. A :class:`Watchdog` thread per transport does the same for
-work nobody waits on: a collective still unfinished ``timeout`` seconds after it was enqueued,
-or an asynchronous NCCL error, aborts the communicator, and every later call raises.
+- :class:`CudaStreams`: an event recorded after each call (a ``cupy.cuda.Event`` recorded on the
+  call's stream, which ``cupy.cuda.Stream.from_external`` wraps), whether it has completed
+  (``Event.done``), a stream made to wait for it (``Stream.wait_event``) and whether a stream is
+  being captured into a CUDA graph (``Stream.is_capturing``). The ``cupy`` module is passed in,
+  so the CPU tests run this very code on a fake whose API is checked against the installed CuPy.
+- :class:`NCCLPending`: :meth:`~NCCLPending.wait` makes the caller's *current* stream wait for
+  the call's event (no host synchronisation; nothing when the call ran on that stream);
+  :meth:`~NCCLPending.synchronize` blocks the host, polling the event and
+  ``ncclCommGetAsyncError``, and aborts the communicator when the deadline passes.
+- :class:`Watchdog`: one daemon thread per transport, as in torch's ProcessGroupNCCL: a call
+  still unfinished ``timeout`` seconds after it was enqueued, or an asynchronous NCCL error,
+  aborts the communicator, and every later call raises.
+
+A call enqueued while its stream is being captured into a CUDA graph runs only when the graph
+is replayed: it gets no watchdog entry and its event is never queried (querying an event
+recorded during capture is an error), as ProcessGroupNCCL does under capture.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
 
 from ..arrays import StreamRef, current_stream_pointer
 from ..errors import CollectiveTimeoutError
@@ -26,51 +33,71 @@ from .base import Pending, wait_until
 if TYPE_CHECKING:
     from .nccl import NCCLTransport
 
-NOT_READY = 600  # cudaErrorNotReady
 
-# -- the CUDA runtime calls the transport makes (a fake replaces this on the CPU) ----------------
+class _Handle:
+    """A raw ``cudaStream_t`` offered through the CUDA stream protocol (``__cuda_stream__``)."""
+
+    __slots__ = ("pointer",)
+
+    def __init__(self, pointer: int) -> None:
+        self.pointer = pointer
+
+    def __cuda_stream__(self) -> Tuple[int, int]:
+        return (0, self.pointer)
 
 
-class CudaEvents:
-    """CUDA events, stream waits and a scratch buffer through CuPy's runtime bindings."""
+class CudaStreams:
+    """The CUDA calls the transport makes, each one CuPy call on CuPy's objects, on ``device``."""
 
-    def __init__(self, device: int) -> None:
-        import cupy  # noqa: PLC0415 - device transport only
-
+    def __init__(
+        self, device: int, cupy: Any = None, current: Callable[[str, int], int] = current_stream_pointer
+    ) -> None:
+        if cupy is None:
+            import cupy  # noqa: PLC0415 - device transport only
         self._cupy = cupy
-        self._runtime = cupy.cuda.runtime
+        self._current = current  # (library, device) -> that library's current stream there
         self.device = device
+        self._streams: Dict[int, Any] = {}
 
-    def _on_device(self) -> Any:
-        if self._runtime.getDevice() == self.device:
-            return contextlib.nullcontext()
-        return self._cupy.cuda.Device(self.device)
+    def stream(self, pointer: int) -> Any:
+        """CuPy's view of the stream ``pointer`` (which it does not own), made once per handle."""
+        found = self._streams.get(pointer)
+        if found is None:
+            cuda = self._cupy.cuda
+            if hasattr(cuda.Stream, "from_external"):  # CuPy >= 14
+                found = cuda.Stream.from_external(_Handle(pointer))
+            else:
+                found = cuda.ExternalStream(pointer, self.device)
+            if len(self._streams) >= 256:  # streams come and go: keep the cache bounded
+                self._streams.clear()
+            self._streams[pointer] = found
+        return found
 
-    def record(self, stream: int) -> Any:
-        """A new event recorded on ``stream`` (after the work enqueued there so far)."""
-        with self._on_device():  # stream 0 means the current device's legacy stream
+    def record(self, pointer: int) -> Any:
+        """A new event recorded on stream ``pointer`` after the work enqueued there so far."""
+        with self._cupy.cuda.Device(self.device):  # stream 0 is the legacy stream of the current device
             event = self._cupy.cuda.Event(block=False, disable_timing=True)
-            self._runtime.eventRecord(event.ptr, stream)
+            event.record(self.stream(pointer))
         return event
 
     def done(self, event: Any) -> bool:
-        status = self._runtime.eventQuery(event.ptr)
-        if status == 0:
-            return True
-        if status != NOT_READY:
-            self._runtime.check_status(status)
-        return False
+        return bool(event.done)
 
-    def wait(self, stream: int, event: Any) -> None:
-        """Make ``stream`` wait for ``event`` (no host synchronisation)."""
-        with self._on_device():
-            self._runtime.streamWaitEvent(stream, event.ptr, 0)
+    def wait(self, pointer: int, event: Any) -> None:
+        """Make stream ``pointer`` wait for ``event`` (no host synchronisation)."""
+        with self._cupy.cuda.Device(self.device):
+            self.stream(pointer).wait_event(event)
+
+    def capturing(self, pointer: int) -> bool:
+        """Whether stream ``pointer`` is being captured into a CUDA graph now."""
+        with self._cupy.cuda.Device(self.device):
+            return bool(self.stream(pointer).is_capturing())
 
     def current(self, ref: StreamRef) -> int:
-        return current_stream_pointer(ref.library, ref.device)
+        return self._current(ref.library, ref.device)
 
     def default_stream(self) -> StreamRef:
-        return StreamRef(current_stream_pointer("cupy", self.device), "cupy", self.device)
+        return StreamRef(self._current("cupy", self.device), "cupy", self.device)
 
     def compute_capability(self) -> int:
         """The device's compute capability as major * 10 + minor (90 for sm90)."""
@@ -78,11 +105,11 @@ class CudaEvents:
 
     def bind_thread(self) -> None:
         """Make this device current in the calling thread (the watchdog's)."""
-        self._runtime.setDevice(self.device)
+        self._cupy.cuda.Device(self.device).use()
 
     def scratch(self, nbytes: int) -> Any:
         """Device memory of ``nbytes`` (an object with ``.ptr``; freed when dropped)."""
-        with self._on_device():
+        with self._cupy.cuda.Device(self.device):
             return self._cupy.cuda.alloc(nbytes)
 
 
@@ -220,34 +247,50 @@ class Watchdog:
 
 
 class NCCLPending(Pending):
-    """An enqueued NCCL call and the event recorded after it on its stream."""
+    """An enqueued NCCL call and the event recorded after it on its ``stream``.
 
-    __slots__ = ("_transport", "_event", "_stream", "_host")
+    A call captured into a CUDA graph (``captured``) has nothing to wait for on the host: it runs
+    when the graph is replayed. Its event belongs to the capture; ``wait`` joins the caller's
+    current stream to it while the capture lasts, and nothing ever queries it."""
 
-    def __init__(self, transport: "NCCLTransport", event: Any, stream: StreamRef, host: bool = False) -> None:
+    __slots__ = ("_transport", "_event", "stream", "_host", "captured")
+
+    def __init__(
+        self, transport: "NCCLTransport", event: Any, stream: StreamRef, host: bool = False, captured: bool = False
+    ) -> None:
         self._transport = transport
         self._event = event
-        self._stream = stream
+        self.stream = stream
         self._host = host  # barrier: wait() blocks the host
+        self.captured = captured
 
     def test(self) -> bool:
         transport = self._transport
-        return transport._failure is not None or transport.events.done(self._event)
+        return self.captured or transport._failure is not None or transport.events.done(self._event)
 
     def wait(self, deadline: Optional[float]) -> None:
         """Make the caller's current stream wait for the call (free when the call ran there)."""
-        if self._host:
+        if self._host and not self.captured:
             self.synchronize(deadline)
             return
         transport = self._transport
         transport.raise_if_failed()
-        current = transport.events.current(self._stream)
-        if current != self._stream.pointer:
-            transport.events.wait(current, self._event)
+        events = transport.events
+        current = events.current(self.stream)
+        if current == self.stream.pointer:
+            return
+        if self.captured and not events.capturing(self.stream.pointer):
+            return  # the capture has ended: the graph's replays order themselves
+        events.wait(current, self._event)
 
     def synchronize(self, deadline: Optional[float]) -> None:
         """Block the host until the call has completed; past ``deadline`` abort the
-        communicator and raise :class:`CollectiveTimeoutError`."""
+        communicator and raise :class:`CollectiveTimeoutError`. A captured call only orders
+        the current stream (blocking the host during a capture would invalidate it)."""
+        if self.captured:
+            self._host = False
+            self.wait(deadline)
+            return
         transport = self._transport
 
         def finished() -> bool:
@@ -268,4 +311,4 @@ class NCCLPending(Pending):
         transport.raise_if_failed()
 
 
-__all__ = ["CudaEvents", "NCCLPending", "Watchdog"]
+__all__ = ["CudaStreams", "NCCLPending", "Watchdog"]

@@ -4,7 +4,8 @@ vLLM's pynccl pattern: the functions are declared as data (:data:`FUNCTIONS`, ea
 prototype), bound once per library path by :class:`NCCLLibrary`, preferring the libnccl that
 CuPy already loaded, and every ``ncclResult_t`` goes through one check (``NCCL_CHECK``) that
 raises :class:`NCCLError` with NCCL's own words. The transport needs it for PreMulSum ops
-(``ncclRedOpCreatePreMulSum`` / ``ncclRedOpDestroy``) on the communicator's raw handle.
+(``ncclRedOpCreatePreMulSum`` / ``ncclRedOpDestroy``) on the communicator's raw handle; what CuPy
+wraps (the version, ``ncclCommGetAsyncError``, abort) is used through CuPy.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ SCALAR_HOST_IMMEDIATE = 1  # ncclScalarHostImmediate (ncclScalarResidence_t)
 FUNCTIONS: List[Function] = [
     # const char* ncclGetErrorString(ncclResult_t result);
     Function("ncclGetErrorString", ctypes.c_char_p, [_result_t]),
-    # ncclResult_t ncclGetVersion(int *version);
-    Function("ncclGetVersion", _result_t, [ctypes.POINTER(ctypes.c_int)]),
     # ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
     #                                       ncclScalarResidence_t residence, ncclComm_t comm);
     Function(
@@ -43,8 +42,6 @@ FUNCTIONS: List[Function] = [
     ),
     # ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
     Function("ncclRedOpDestroy", _result_t, [_red_op_t, _comm_t]),
-    # ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
-    Function("ncclCommGetAsyncError", _result_t, [_comm_t, ctypes.POINTER(_result_t)]),
     # const char* ncclGetLastError(ncclComm_t comm);   (NCCL >= 2.13)
     Function("ncclGetLastError", ctypes.c_char_p, [_comm_t]),
 ]
@@ -125,11 +122,6 @@ class NCCLLibrary:
             raw = last(comm)
             detail = f" ({raw.decode(errors='replace')})" if raw else ""
         raise NCCLError(f"{what} failed: {self.error_string(result)}{detail}", result)
-
-    def version(self) -> int:
-        value = ctypes.c_int()
-        self.NCCL_CHECK(self._function("ncclGetVersion")(ctypes.byref(value)), "ncclGetVersion")
-        return value.value
 
     def create_premul_sum(self, scalar: bytes, datatype: int, comm: int) -> int:
         """A PreMulSum op whose factor is read from ``scalar`` now (host-immediate)."""

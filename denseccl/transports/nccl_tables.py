@@ -1,19 +1,20 @@
 """What NCCL of each version can do, as data: version codes and gates, the ``ncclDataType_t``
 and ``ncclRedOp_t`` tables, and how a denseccl dtype and op map onto them.
 
-Pure Python, no GPU and no libnccl: the transport asks these tables which type and count a call
-carries (:func:`elements`), which built-in op it names (:func:`builtin_op`), whether NCCL of its
-version can run an op on a dtype at all (:func:`check_op`), and the bytes of a PreMulSum factor
-in the dtype's own format (:func:`premul_scalar`, with :func:`encode_small_float` for the 16-
-and 8-bit floats). Kept apart from the transport so that they are tested on the CPU.
+No GPU and no libnccl: the transport asks these tables which type and count a call carries
+(:func:`elements`), which built-in op it names (:func:`builtin_op`), whether NCCL of its version
+can run an op on a dtype at all (:func:`check_op`), and the bytes of a PreMulSum factor in the
+dtype's own format (:func:`premul_scalar`: NumPy, ml_dtypes or a torch cast rounds it). Kept
+apart from the transport so that they are tested on the CPU.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import struct
-from typing import Dict, NamedTuple, Tuple
+from typing import Dict, Tuple
+
+import numpy as np
 
 from ..errors import LayoutError
 from ..ops import BOOL_OPS, DTYPES, DType, Op, PreMulSum, ReduceOp, op_kind
@@ -114,80 +115,51 @@ def builtin_op(op: Op, dtype: DType) -> int:
     return NCCL_OPS[kind]
 
 
-class _Format(NamedTuple):
-    """A binary floating-point format: significant bits (with the implicit one), smallest
-    normal exponent, exponent bias and field width, largest finite value, whether it has inf."""
-
-    precision: int
-    emin: int
-    bias: int
-    exponent_bits: int
-    max_finite: float
-    has_inf: bool
-
-
-_FORMATS: Dict[str, _Format] = {
-    "float16": _Format(11, -14, 15, 5, 65504.0, True),
-    "bfloat16": _Format(8, -126, 127, 8, (2 - 2**-7) * 2.0**127, True),
-    "float8_e4m3fn": _Format(4, -6, 7, 4, 448.0, False),
-    "float8_e5m2": _Format(3, -14, 15, 5, 57344.0, True),
+#: largest finite value of each float dtype NCCL reduces (bfloat16 and fp8 have no NumPy type)
+MAX_FINITE: Dict[str, float] = {
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float32": 3.4028234663852886e38,
+    "float64": math.inf,
+    "float8_e4m3fn": 448.0,
+    "float8_e5m2": 57344.0,
 }
+_SMALL_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 def max_finite(name: str) -> float:
-    """Largest finite value of a float dtype."""
-    if name in _FORMATS:
-        return _FORMATS[name].max_finite
-    return {"float32": float(struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]), "float64": math.inf}.get(name, math.inf)
+    """Largest finite value of a float dtype (inf for integers: any factor is cast)."""
+    return MAX_FINITE.get(name, math.inf)
 
 
-def encode_small_float(value: float, name: str) -> int:
-    """Bits of ``value`` rounded to nearest (ties to even) in a 16- or 8-bit float format;
-    beyond the largest finite value: inf where the format has one, else that largest value."""
-    fmt = _FORMATS[name]
-    mantissa_bits = fmt.precision - 1
-    sign = 1 if math.copysign(1.0, value) < 0 else 0
-    top = sign << (fmt.exponent_bits + mantissa_bits)
-    magnitude = abs(value)
-    all_ones = (1 << fmt.exponent_bits) - 1
-    if math.isnan(magnitude):
-        if fmt.has_inf:
-            return top | (all_ones << mantissa_bits) | (1 << (mantissa_bits - 1))
-        return top | (all_ones << mantissa_bits) | ((1 << mantissa_bits) - 1)
-    if magnitude == 0:
-        return top
-    if not math.isinf(magnitude):
-        _, exponent = math.frexp(magnitude)  # magnitude = m * 2**exponent, 0.5 <= m < 1
-        quantum = max(exponent - fmt.precision, fmt.emin - mantissa_bits)
-        magnitude = round(math.ldexp(magnitude, -quantum)) * 2.0**quantum  # round() ties to even
-    if magnitude == 0:  # rounded to zero
-        return top
-    if magnitude > fmt.max_finite:
-        if fmt.has_inf:
-            return top | (all_ones << mantissa_bits)
-        magnitude = fmt.max_finite
-    _, exponent = math.frexp(magnitude)
-    unbiased = exponent - 1
-    if unbiased < fmt.emin:  # subnormal
-        return top | int(math.ldexp(magnitude, mantissa_bits - fmt.emin))
-    fraction = int(math.ldexp(magnitude, mantissa_bits - unbiased)) - (1 << mantissa_bits)
-    return top | ((unbiased + fmt.bias) << mantissa_bits) | fraction
+def _small_float_bytes(value: float, name: str) -> bytes:
+    """``value`` rounded to nearest-even in bfloat16 or an fp8 format: through ml_dtypes' NumPy
+    types where installed, else a torch cast (these dtypes reach NCCL only as torch tensors)."""
+    try:
+        import ml_dtypes  # noqa: PLC0415 - optional
+    except ImportError:
+        ml_dtypes = None
+    if ml_dtypes is not None:
+        return np.array(value, np.float64).astype(getattr(ml_dtypes, name)).tobytes()
+    try:
+        import torch  # noqa: PLC0415 - optional
+    except ImportError:
+        raise LayoutError(
+            f"PreMulSum on {name} needs ml_dtypes or torch to encode its factor (pip install ml_dtypes)"
+        ) from None
+    return torch.tensor([value], dtype=torch.float64).to(getattr(torch, name)).view(torch.uint8).numpy().tobytes()
 
 
 def premul_scalar(factor: float, name: str) -> bytes:
     """The PreMulSum factor in the memory format of the dtype ``name`` (a real dtype: complex
-    inputs are scaled through their real type), as ``ncclScalarHostImmediate`` reads it."""
-    if name in _FORMATS:
-        bits = encode_small_float(float(factor), name)
-        return bits.to_bytes(1 if name.startswith("float8") else 2, "little")
-    if name == "float32":
-        return struct.pack("<f", float(factor))
-    if name == "float64":
-        return struct.pack("<d", float(factor))
-    sizes = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
-    if name in sizes:
-        width = sizes[name]
-        return (int(factor) % (1 << (8 * width))).to_bytes(width, "little")
+    inputs are scaled through their real type), as ``ncclScalarHostImmediate`` reads it. Integer
+    dtypes take the factor's integer part, modulo 2**bits."""
+    if name in _SMALL_FLOATS:
+        return _small_float_bytes(float(factor), name)
+    if name in ("float16", "float32", "float64"):
+        return np.array(float(factor), np.float64).astype(name).tobytes()
+    if name in ("int8", "uint8", "int32", "uint32", "int64", "uint64"):
+        return np.array(int(factor) % (1 << (8 * np.dtype(name).itemsize)), np.uint64).astype(name).tobytes()
     raise LayoutError(f"PreMulSum has no NCCL scalar for dtype {name}")
 
 
@@ -227,7 +199,7 @@ def check_op(op: Op, dtype: DType, version: int) -> None:
 __all__ = [
     "check_op",
     "elements",
-    "encode_small_float",
+    "max_finite",
     "nccl_dtypes",
     "premul_scalar",
     "reducible_dtypes",

@@ -259,6 +259,9 @@ def faults(comm) -> None:  # noqa: ANN001
         comm.control.allgather_bytes(b"", None)
 
 
+HANG_GATE = 5.0  # seconds a host function blocks each stream (ncclCommAbort may wait for it)
+
+
 def hang1(comm) -> None:  # noqa: ANN001
     """One rank: a stream blocked by a host function stands in for a peer that never comes."""
     import cupy
@@ -269,7 +272,7 @@ def hang1(comm) -> None:  # noqa: ANN001
     second = init(timeout=1.5)
     streams = [cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)]
     for gate, stream in zip(gates, streams):
-        stream.launch_host_func(lambda gate: gate.wait(60), gate)
+        stream.launch_host_func(lambda gate: gate.wait(HANG_GATE), gate)
     try:
         started = time.monotonic()
         work = first.allreduce(xs[0], async_op=True, stream=streams[0])

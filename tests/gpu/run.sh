@@ -1,41 +1,67 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh — everything that needs a GPU, in one call that fits 10 minutes.
+# tests/gpu/run.sh — everything that needs a GPU, in one call that fits the device tool's 600 s.
 #
-#   bash tests/gpu/run.sh            (logs under $OUT if set, else ./gpu-results)
+#   bash tests/gpu/run.sh            (results under $OUT if set, else ./gpu-results)
 #
-# 1. picks a Python that has (or can get) CuPy, NCCL, pytest; tries pip for what is missing
-#    (from ./.whl with --no-index if that folder exists, else PyPI with short timeouts) into a
-#    private prefix, and says exactly what failed;
-# 2. runs the GPU tests of one process (all of tests/gpu but test_gpu_ranks.py);
-# 3. tries two ranks on one GPU: plainly (NCCL is expected to say "Duplicate GPU detected") and
-#    with a separate NCCL_HOSTID per rank over sockets on lo, and records what NCCL allows;
-# 4. runs the two-rank GPU tests (tests/gpu/test_gpu_ranks.py) in the mode that worked;
-# 5. runs the GPU benchmark (python -m denseccl.bench --backend nccl), if present.
-# Each step has a time cap and the steps share one overall budget (DENSECCL_GPU_BUDGET, default
-# 560 s); a step that no longer fits is skipped and reported. Exit status: 0 when every step
-# that ran passed, 1 otherwise. summary.txt in the log folder says what happened.
+# Steps, each with a time cap inside one overall budget (DENSECCL_GPU_BUDGET, default 540 s; a
+# step that no longer fits is skipped and said so):
+# 1. finds a Python with CuPy, NCCL and pytest; installs what is missing from ./.whl (carried
+#    wheels, see tests/gpu/fetch_wheels.sh) or, failing that, PyPI with short timeouts; writes
+#    versions.txt;
+# 2. the GPU tests of one process (all of tests/gpu but test_gpu_ranks.py);
+# 3. two ranks on one GPU: plainly (NCCL is expected to say "Duplicate GPU detected") and with a
+#    separate NCCL_HOSTID per rank over sockets on lo: two-ranks.json;
+# 4. the two-rank GPU tests (tests/gpu/test_gpu_ranks.py) in the mode that worked;
+# 5. the GPU benchmark (needs mpi4py with an MPI library: skipped, not failed, without one), one
+#    rank to 256 MiB, then two ranks to 16 MiB where two ranks run, and the DDP step time.
+# Inner time limits are shorter than the cap around them (pytest dumps every thread's stack
+# before its cap; rank programs are killed with their output kept), so a hang still says where.
+#
+# Results: at most 8 files come back from $OUT, so everything is merged into these, ready to be
+# copied into docs/gpu/:
+#   summary.txt    what happened, step by step; its last line is "gpu: N passed, M failed"
+#   versions.txt   GPU, driver, CUDA, NCCL, CuPy, torch, MPI
+#   tests.txt      every test's outcome and time
+#   two-ranks.json what NCCL said to two ranks on one GPU
+#   bench.txt      the benchmark tables (bench.json: their rows)
+#   run.log        everything printed
+# Exit status: 0 when nothing failed, 1 otherwise.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 out="${OUT:-$root/gpu-results}"
 mkdir -p "$out"
-budget="${DENSECCL_GPU_BUDGET:-560}"
+work="$(mktemp -d /tmp/denseccl-gpu.XXXXXX)"  # scratch (junit files, pip logs): not brought back
+budget="${DENSECCL_GPU_BUDGET:-540}"
 started=$SECONDS
 summary="$out/summary.txt"
+steps="$work/steps.txt"
 : >"$summary"
+: >"$steps"
 exec > >(tee -a "$out/run.log") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-failed=0
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"  # every NCCL failure says why ("Duplicate GPU detected", ...)
 
 note() { echo "$*" | tee -a "$summary"; }
+record() { echo "$*" >>"$steps"; note "$*"; }  # PASS/FAIL/SKIP of a step that is not a pytest test
 left() { echo $((budget - (SECONDS - started))); }
 # cap SECONDS: the smaller of SECONDS and what is left of the budget minus a margin
 cap() { local c="$1" l; l=$(($(left) - 15)); [ "$l" -lt "$c" ] && c="$l"; echo "$c"; }
 step() { echo; echo "=== $* ($(left) s of the budget left)"; }
+finish() {
+  echo
+  note "done in $((SECONDS - started)) s"
+  "$PY" tests/gpu/report.py tests "$work"/*.xml >"$out/tests.txt" 2>&1 || true
+  "$PY" tests/gpu/report.py count "$steps" "$work"/*.xml 2>&1 | tee -a "$summary"
+  ls "$out" | wc -l | xargs -I{} echo "files in \$OUT: {} (at most 8 come back)"
+  echo "--- summary"; cat "$summary"
+  rm -rf "$work"
+  grep -q '^gpu: [0-9]* passed, 0 failed$' "$summary"
+  exit $?
+}
 
 # -- 1. Python and packages ---------------------------------------------------------------------
 step "environment"
-nvidia-smi -L 2>&1 | head -8 || note "nvidia-smi: not found"
 PY=""
 for candidate in "${DENSECCL_PYTHON:-}" python3 /opt/torch/.venv/bin/python3 "$root/.venv/bin/python" python; do
   [ -n "$candidate" ] || continue
@@ -44,54 +70,25 @@ for candidate in "${DENSECCL_PYTHON:-}" python3 /opt/torch/.venv/bin/python3 "$r
   [ -z "$PY" ] && "$candidate" -c "import numpy" >/dev/null 2>&1 && PY="$candidate"
 done
 if [ -z "$PY" ]; then
-  note "FAIL: no Python with numpy found (tried \$DENSECCL_PYTHON, python3, /opt/torch/.venv/bin/python3, .venv/bin/python)"
-  exit 1
+  PY=python3
+  record "FAIL environment: no Python with numpy found (tried \$DENSECCL_PYTHON, python3, /opt/torch/.venv/bin/python3, .venv/bin/python)"
+  finish
 fi
 PY="$(command -v "$PY" || echo "$PY")"
-note "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
+note "python: $PY"
 
-probe_env() {
-  "$PY" - <<'EOF'
-import importlib, json, warnings
-found = {}
-for name in ("numpy", "cupy", "pytest", "torch", "mpi4py"):
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            module = importlib.import_module(name)
-        found[name] = getattr(module, "__version__", "?")
-    except Exception as error:
-        found[name] = None
-        found[name + "_error"] = f"{type(error).__name__}: {error}"[:200]
-try:
-    import cupy
-    found["gpu"] = bool(cupy.is_available())
-    found["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion() if found["gpu"] else None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from cupy.cuda import nccl
-    found["nccl"] = nccl.get_version() if nccl.available else None
-except Exception as error:
-    found.setdefault("gpu", False)
-    found["nccl"] = None
-try:
-    from mpi4py import MPI
-    found["mpi"] = MPI.Get_library_version().splitlines()[0][:80]
-except Exception as error:
-    found["mpi"] = None
-    found["mpi_error"] = f"{type(error).__name__}: {error}"[:200]
-try:
-    import torch
-    found["torch_cuda"] = bool(torch.cuda.is_available())
-except Exception:
-    found["torch_cuda"] = False
-print(json.dumps(found))
-EOF
+has() {  # has MODULE-CHECK: mpi (mpi4py with an MPI library), cupy, nccl, gpu, pytest, torch_cuda
+  case "$1" in
+    mpi) "$PY" -c "from mpi4py import MPI" >/dev/null 2>&1 ;;
+    mpi4py) "$PY" -c "import mpi4py" >/dev/null 2>&1 ;;
+    cupy) "$PY" -c "import cupy" >/dev/null 2>&1 ;;
+    gpu) "$PY" -c "import cupy, sys; sys.exit(0 if cupy.is_available() else 1)" >/dev/null 2>&1 ;;
+    nccl) "$PY" -W ignore -c "from cupy.cuda import nccl; import sys; sys.exit(0 if nccl.available else 1)" >/dev/null 2>&1 ;;
+    torch_cuda) "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1 ;;
+    *) "$PY" -c "import $1" >/dev/null 2>&1 ;;
+  esac
 }
-has() { echo "$envjson" | "$PY" -c "import json,sys; v=json.load(sys.stdin).get('$1'); sys.exit(0 if v not in (None, False) else 1)"; }
 
-envjson="$(probe_env)"
-echo "found: $envjson"
 cuda_major="$("$PY" -c 'import cupy; print(cupy.cuda.runtime.runtimeGetVersion() // 1000)' 2>/dev/null || echo 12)"
 [ "$cuda_major" -ge 13 ] 2>/dev/null && suffix=13 || suffix=12
 wanted=()
@@ -99,115 +96,119 @@ has numpy || wanted+=(numpy)
 has cupy || wanted+=("cupy-cuda${suffix}x")
 has nccl || wanted+=("nvidia-nccl-cu${suffix}")
 has pytest || wanted+=(pytest)
+has mpi4py || wanted+=(mpi4py)
 has mpi || wanted+=(mpich)
-prefix=/tmp/denseccl-prefix
 if [ "${#wanted[@]}" -gt 0 ]; then
-  note "missing: ${wanted[*]} — trying pip (a failure here is reported, and the steps that need it skip)"
-  if [ -d "$root/.whl" ]; then
-    source_args=(--no-index --find-links "$root/.whl")
-  else
-    source_args=(--timeout 5 --retries 0)
-  fi
+  prefix=/tmp/denseccl-prefix  # wheels' data (mpich's lib/libmpi.so.12, bin/mpiexec) land under it
+  if [ -d "$root/.whl" ]; then source_args=(--no-index --no-deps --find-links "$root/.whl"); else source_args=(--timeout 5 --retries 0); fi
+  note "missing: ${wanted[*]}; trying pip ($([ -d "$root/.whl" ] && echo "carried wheels in .whl" || echo "PyPI"))"
   for package in "${wanted[@]}"; do
-    if timeout "$(cap 60)" "$PY" -m pip install --disable-pip-version-check -q --prefix "$prefix" "${source_args[@]}" "$package" >"$out/pip.tmp" 2>&1; then
+    if timeout "$(cap 60)" "$PY" -m pip install --disable-pip-version-check -q --no-compile --prefix "$prefix" "${source_args[@]}" "$package" >"$work/pip.log" 2>&1; then
       note "pip: installed $package"
     else
-      note "pip: could not install $package: $(grep -v '^\s*$' "$out/pip.tmp" | tail -n 2 | tr '\n' ' ' | cut -c1-300)"
+      note "pip: could not install $package: $(grep -v '^\s*$' "$work/pip.log" | tail -n 1 | cut -c1-200)"
     fi
   done
-  rm -f "$out/pip.tmp"
   site="$("$PY" -c "import sysconfig; print(sysconfig.get_path('purelib', vars={'base': '$prefix', 'platbase': '$prefix'}))")"
-  export PYTHONPATH="$site:$PYTHONPATH" PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  envjson="$(probe_env)"
-  echo "after pip: $envjson"
+  platsite="$("$PY" -c "import sysconfig; print(sysconfig.get_path('platlib', vars={'base': '$prefix', 'platbase': '$prefix'}))")"
+  export PYTHONPATH="$PYTHONPATH:$site:$platsite" PATH="$prefix/bin:$PATH" LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-echo "$envjson" >"$out/env.json"
+"$PY" tests/gpu/report.py versions >"$out/versions.txt" 2>&1
+cat "$out/versions.txt"
 if ! has gpu || ! has nccl; then
-  note "FAIL: CuPy with a GPU and NCCL is needed: $("$PY" -c 'from denseccl.nccl_bootstrap import nccl_missing; print(nccl_missing())' 2>&1 | tail -n 1)"
-  exit 1
+  record "FAIL environment: CuPy with a GPU and NCCL is needed: $("$PY" -c 'from denseccl.nccl_bootstrap import nccl_missing; print(nccl_missing())' 2>&1 | tail -n 1)"
+  # DENSECCL_GPU_DRY=1 goes on regardless: how tests/unit/test_nccl_run_script.py runs this script on a CPU
+  [ "${DENSECCL_GPU_DRY:-0}" = 1 ] || finish
 fi
 if ! has pytest; then
-  note "FAIL: pytest is missing and could not be installed"
-  exit 1
+  record "FAIL environment: pytest is missing and could not be installed"
+  finish
 fi
-note "environment: $("$PY" -c 'from denseccl.nccl_bootstrap import describe_environment as d; print(d())' 2>&1 | tail -n 1); torch CUDA: $(has torch_cuda && echo yes || echo no); MPI: $(has mpi && echo yes || echo no)"
+note "torch with CUDA: $(has torch_cuda && echo yes || echo no); MPI: $(has mpi && echo yes || echo "no (benchmark skipped; carry mpich with tests/gpu/fetch_wheels.sh)")"
 
-run_pytest() {  # name, cap, files...
-  local name="$1" limit="$2"; shift 2
-  if [ "$(cap "$limit")" -lt 30 ]; then note "SKIP $name: not enough of the budget left"; return; fi
-  timeout -k 10 "$(cap "$limit")" "$PY" -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$out/$name.log"
-  local status=${PIPESTATUS[0]}
-  local last; last="$(grep -E '(passed|failed|skipped|error)' "$out/$name.log" | tail -n 1)"
-  if [ "$status" -eq 0 ]; then note "PASS $name: $last"; elif [ "$status" -eq 124 ]; then note "FAIL $name: timed out"; failed=1; else note "FAIL $name (exit $status): $last"; failed=1; fi
+run_pytest() {  # name, cap, pytest arguments...
+  local name="$1" limit; limit="$(cap "$2")"; shift 2
+  if [ "$limit" -lt 30 ]; then record "SKIP pytest $name: not enough of the budget left"; return; fi
+  # pytest dumps every thread's stack 15 s before its cap; tests keep their own limits below
+  # DENSECCL_GPU_INNER_TIMEOUT so that a hung rank's output is printed before that
+  DENSECCL_GPU_INNER_TIMEOUT=$((limit - 30)) timeout -k 10 "$limit" "$PY" -m pytest -q -rfE -p no:cacheprovider \
+    -o faulthandler_timeout=$((limit - 15)) --junitxml="$work/$name.xml" "$@"
+  local status=$?
+  if [ ! -s "$work/$name.xml" ]; then
+    record "FAIL pytest $name: no results (exit $status$([ "$status" -ge 124 ] && echo ", killed at its cap of $limit s"))"
+  else
+    note "pytest $name: exit $status ($("$PY" tests/gpu/report.py count /dev/null "$work/$name.xml" | tr '\n' ' '))"
+  fi
 }
 
 # -- 2. one rank ---------------------------------------------------------------------------------
 step "GPU tests in this process (all of tests/gpu but the two-rank file)"
-run_pytest pytest-single 260 tests/gpu --ignore=tests/gpu/test_gpu_ranks.py
+run_pytest single 210 tests/gpu --ignore=tests/gpu/test_gpu_ranks.py
 
 # -- 3. two ranks on one GPU ---------------------------------------------------------------------
 step "two ranks on one GPU: plain, then NCCL_HOSTID per rank"
-if [ "$(cap 200)" -ge 60 ]; then
-  timeout -k 10 "$(cap 200)" "$PY" tests/gpu/two_ranks.py "$out/two-ranks.json" | tee "$out/two-ranks.tmp"
-  mode="$(grep '^MODE=' "$out/two-ranks.tmp" | tail -n 1 | cut -d= -f2)"
-  grep '^two ranks' "$out/two-ranks.tmp" | while read -r line; do note "$line"; done
-  rm -f "$out/two-ranks.tmp"
-  export DENSECCL_GPU_TWO_RANKS="${mode:-no}"
-  note "two-rank mode for the tests: ${mode:-no (the probe did not finish)}"
+mode=no
+if [ "$(cap 130)" -ge 60 ]; then
+  DENSECCL_GPU_INNER_TIMEOUT=$(($(cap 130) - 15)) timeout -k 10 "$(cap 130)" "$PY" tests/gpu/two_ranks.py "$out/two-ranks.json" | tee "$work/two-ranks.txt"
+  mode="$(grep '^MODE=' "$work/two-ranks.txt" | tail -n 1 | cut -d= -f2)"
+  grep '^two ranks' "$work/two-ranks.txt" | while read -r line; do note "$line"; done
+  [ -n "$mode" ] || { record "FAIL two-rank probe: did not finish"; mode=no; }
+  note "two-rank mode for the tests: $mode"
 else
-  note "SKIP two-rank probe: not enough of the budget left"
-  export DENSECCL_GPU_TWO_RANKS=no
+  record "SKIP two-rank probe: not enough of the budget left"
 fi
+export DENSECCL_GPU_TWO_RANKS="$mode"
 
 # -- 4. two ranks ---------------------------------------------------------------------------------
 step "two-rank GPU tests"
-if [ "$DENSECCL_GPU_TWO_RANKS" = no ]; then
-  note "SKIP two-rank GPU tests: two ranks cannot run here (see two-ranks.json)"
+if [ "$mode" = no ]; then
+  record "SKIP pytest ranks: two ranks cannot run here (see two-ranks.json)"
 else
-  run_pytest pytest-ranks 260 tests/gpu/test_gpu_ranks.py
+  run_pytest ranks 200 tests/gpu/test_gpu_ranks.py
 fi
 
 # -- 5. benchmark --------------------------------------------------------------------------------
 step "GPU benchmark"
-if ! "$PY" -c "import denseccl.bench" >/dev/null 2>&1; then
-  note "SKIP bench: denseccl.bench is not there ($("$PY" -c 'import denseccl.bench' 2>&1 | tail -n 1))"
-elif [ "$(cap 150)" -lt 40 ]; then
-  note "SKIP bench: not enough of the budget left"
-else
-  bench_args=(-m denseccl.bench --backend nccl -b 4K -e 16M -f 16 -c allreduce,allgather,reduce_scatter --layouts all -n 10 -w 2 --rounds 2 --json "$out/bench.json")
-  mpiexec_bin="$(dirname "$PY")/mpiexec"
-  [ -x "$mpiexec_bin" ] || mpiexec_bin="$(command -v mpiexec || true)"
-  two_ranks() {  # the command line that runs "$PY $@" on two ranks in the mode that worked
-    if [ "$DENSECCL_GPU_TWO_RANKS" = hostid ]; then
-      local split=(-env NCCL_SOCKET_IFNAME lo -env NCCL_IB_DISABLE 1)
-      command=("$mpiexec_bin" -n 1 -env NCCL_HOSTID denseccl-rank0 "${split[@]}" "$PY" "$@" : -n 1 -env NCCL_HOSTID denseccl-rank1 "${split[@]}" "$PY" "$@")
-    else
-      command=("$mpiexec_bin" -n 2 "$PY" "$@")
-    fi
-  }
-  if has mpi && [ -n "$mpiexec_bin" ] && [ "$DENSECCL_GPU_TWO_RANKS" != no ]; then
-    two_ranks "${bench_args[@]}"
+bench() {  # name, cap, ranks, bench arguments...
+  local name="$1" limit ranks="$3"; limit="$(cap "$2")"; shift 3
+  if [ "$limit" -lt 40 ]; then record "SKIP bench $name: not enough of the budget left"; return; fi
+  local mpiexec_bin command
+  mpiexec_bin="$(command -v mpiexec || true)"
+  if [ "$ranks" = 1 ]; then
+    command=("$PY" "$@")
+  elif [ -z "$mpiexec_bin" ]; then
+    record "SKIP bench $name: no mpiexec"; return
+  elif [ "$mode" = hostid ]; then
+    local split=(-env NCCL_SOCKET_IFNAME lo -env NCCL_IB_DISABLE 1)
+    command=("$mpiexec_bin" -n 1 -env NCCL_HOSTID denseccl-rank0 "${split[@]}" "$PY" "$@" : -n 1 -env NCCL_HOSTID denseccl-rank1 "${split[@]}" "$PY" "$@")
   else
-    command=("$PY" "${bench_args[@]}")
-    note "bench: one rank (MPI: $(has mpi && echo yes || echo no), mpiexec: ${mpiexec_bin:-none}, two ranks: $DENSECCL_GPU_TWO_RANKS)"
+    command=("$mpiexec_bin" -n 2 "$PY" "$@")
   fi
   echo "+ ${command[*]}"
-  timeout -k 10 "$(cap 150)" "${command[@]}" 2>&1 | tee "$out/bench.log"
-  status=${PIPESTATUS[0]}
-  if [ "$status" -eq 0 ]; then note "PASS bench: $(grep -i 'avg bus bandwidth' "$out/bench.log" | tail -n 1)"; else note "FAIL bench (exit $status): $(tail -n 1 "$out/bench.log")"; failed=1; fi
-  # DDP step time of a channels-last ConvNet: denseccl vs gloo vs nccl (two ranks only)
-  if has mpi && has torch_cuda && [ -n "$mpiexec_bin" ] && [ "$DENSECCL_GPU_TWO_RANKS" != no ] && [ "$(cap 90)" -ge 40 ]; then
-    two_ranks launch/bench_ddp.py --rounds 3 --steps 10
-    echo "+ ${command[*]}"
-    timeout -k 10 "$(cap 90)" "${command[@]}" 2>&1 | tee "$out/bench-ddp.log"
-    status=${PIPESTATUS[0]}
-    if [ "$status" -eq 0 ]; then note "PASS DDP bench (table in bench-ddp.log)"; else note "FAIL DDP bench (exit $status): $(tail -n 1 "$out/bench-ddp.log")"; failed=1; fi
+  { echo; echo "## $name: ${command[*]}"; } >>"$out/bench.txt"
+  timeout -k 10 "$limit" "${command[@]}" 2>&1 | tee -a "$out/bench.txt"
+  local status=${PIPESTATUS[0]}
+  if [ "$status" -eq 0 ]; then
+    record "PASS bench $name: $(grep -i 'avg bus bandwidth' "$out/bench.txt" | tail -n 1 | tr -s ' ')"
   else
-    note "SKIP DDP bench: needs MPI, torch with CUDA and two ranks on the GPU"
+    record "FAIL bench $name (exit $status$([ "$status" -ge 124 ] && echo ", killed at its cap of $limit s"))"
   fi
+}
+if ! has mpi; then
+  record "SKIP bench: mpi4py has no MPI library here (the benchmark's job runs on MPI); carry mpich: tests/gpu/fetch_wheels.sh"
+else
+  common=(-m denseccl.bench --backend nccl -c allreduce,allgather,reduce_scatter -n 10 -w 2 --rounds 2)
+  bench one-rank 110 1 "${common[@]}" -b 4K -e 256M -f 4 --layouts all --json "$work/bench-1.json"
+  if [ "$mode" = no ]; then
+    record "SKIP bench two-ranks: two ranks cannot run here"
+  else
+    bench two-ranks 110 2 "${common[@]}" -b 4K -e 16M -f 4 --layouts contiguous,channels_last,transposed --json "$work/bench-2.json"
+    if has torch_cuda; then
+      bench ddp 70 2 examples/bench_ddp.py --rounds 3 --steps 10
+    else
+      record "SKIP bench ddp: torch has no CUDA here"
+    fi
+  fi
+  "$PY" tests/gpu/report.py merge-json "$out/bench.json" one_rank="$work/bench-1.json" two_ranks="$work/bench-2.json"
 fi
-
-echo
-note "done in $((SECONDS - started)) s; $([ "$failed" -eq 0 ] && echo 'every step that ran passed' || echo 'some steps FAILED')"
-echo "--- summary"; cat "$summary"
-exit "$failed"
+finish

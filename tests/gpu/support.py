@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from math import prod
 from pathlib import Path
@@ -114,6 +115,35 @@ class CAIArray:
 # -- ranks -------------------------------------------------------------------------------------
 
 
+def inner_timeout(default: float) -> float:
+    """``default``, or less when tests/gpu/run.sh gives this step less time
+    (``DENSECCL_GPU_INNER_TIMEOUT``): a limit inside a test must end before the cap around it,
+    so that a hung rank is killed with its output printed rather than killed unseen."""
+    raw = os.environ.get("DENSECCL_GPU_INNER_TIMEOUT")
+    try:
+        return min(default, max(float(raw), 10.0)) if raw else default
+    except ValueError:
+        return default
+
+
+def run_program(
+    argv: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None
+) -> "subprocess.CompletedProcess[str]":
+    """Run ``python *argv`` from the repository root; past ``timeout`` it is killed and its
+    output so far is still returned (returncode -9)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+    try:
+        return subprocess.run(
+            [sys.executable, *argv], cwd=str(ROOT), capture_output=True, text=True, timeout=timeout, env=full_env
+        )
+    except subprocess.TimeoutExpired as expired:
+        def text(value: Any) -> str:
+            return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+        output = text(expired.stdout) + f"\n[killed after {timeout} s]"
+        return subprocess.CompletedProcess(expired.cmd, -9, output, text(expired.stderr))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -147,6 +177,7 @@ def spawn_ranks(
 ) -> List[Dict[str, Any]]:
     """Run ``python *argv`` as ``size`` ranks; return each rank's returncode, stdout, stderr
     and the JSON lines it printed. Ranks still running after ``timeout`` are killed."""
+    timeout = inner_timeout(timeout)
     port = free_port()
     processes = []
     for rank in range(size):
@@ -157,9 +188,10 @@ def spawn_ranks(
             subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
         )
     results = []
+    deadline = time.monotonic() + timeout  # one limit for all ranks together
     for rank, process in enumerate(processes):
         try:
-            out, err = process.communicate(timeout=timeout)
+            out, err = process.communicate(timeout=max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             for other in processes:
                 other.kill()
@@ -206,6 +238,8 @@ __all__ = [
     "cupy_to_host",
     "gpu_problem",
     "host_strided",
+    "inner_timeout",
+    "run_program",
     "require_gpu",
     "spawn_ranks",
     "torch_cuda",

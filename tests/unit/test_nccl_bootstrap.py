@@ -45,19 +45,27 @@ class _TypedFactory:
         self.accepted = accepted
         self.seen = []
 
-    def __call__(self, size, unique_id, rank):
-        self.seen.append(type(unique_id))
-        if not isinstance(unique_id, self.accepted):
+    def __call__(self, ndev, commId, rank):  # noqa: N803 - CuPy's names
+        self.seen.append(type(commId))
+        if not isinstance(commId, self.accepted):
             raise TypeError(f"Argument 'commId' has incorrect type (expected {self.accepted.__name__})")
-        return (size, unique_id, rank)
+        return (ndev, commId, rank)
 
 
-@pytest.mark.parametrize("accepted, version", [(bytes, "14.2.0"), (tuple, "13.6.0"), (bytes, "13.6.0"), (tuple, "14.0.0")])
-def test_make_communicator_takes_either_form(accepted, version):
+@pytest.mark.parametrize("accepted, version", [(bytes, "14.2.0"), (tuple, "13.6.0")])
+def test_make_communicator_passes_the_form_this_cupy_takes(accepted, version):
     factory = _TypedFactory(accepted)
     size, unique_id, rank = nccl_bootstrap.make_communicator(factory, 4, RAW, 2, version)
-    assert (size, rank) == (4, 2) and isinstance(unique_id, accepted)
+    assert (size, rank) == (4, 2) and isinstance(unique_id, accepted) and factory.seen == [accepted]
     assert nccl_bootstrap.unique_id_bytes(unique_id) == RAW
+
+
+def test_make_communicator_does_not_retry_a_type_error():
+    """A TypeError is CuPy's answer to a wrong form: it is raised, not answered with another form."""
+    factory = _TypedFactory(tuple)
+    with pytest.raises(TypeError, match="commId"):
+        nccl_bootstrap.make_communicator(factory, 4, RAW, 2, "14.2.0")
+    assert factory.seen == [bytes]
 
 
 def test_real_unique_id_when_nccl_is_installed():

@@ -19,7 +19,8 @@ from denseccl.transports import nccl as nccl_transport
 from denseccl.transports.nccl_tables import version_code
 from denseccl.transports.mpi import MPIControl
 from denseccl.transports.store import SoloControl, StoreControl
-from tests.unit.test_nccl_transport import FakeComm, FakeEvents, HostCAI
+from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
+from tests.unit.test_nccl_transport import HostCAI
 
 torch_distributed = pytest.importorskip("torch.distributed")
 
@@ -39,7 +40,8 @@ class FakeNccl(types.SimpleNamespace):
     def get_version(self):
         return version_code(2, 27, 3)
 
-    def NcclCommunicator(self, size, unique_id, rank):  # noqa: N802 - CuPy's name
+    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802, N803 - CuPy's names
+        size, unique_id = ndev, commId
         if not isinstance(unique_id, bytes):
             raise TypeError("Argument 'commId' has incorrect type")
         with self._lock:
@@ -69,7 +71,7 @@ def fakes(monkeypatch):
         cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=_Device),
     )
     monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy, nccl))
-    monkeypatch.setattr(nccl_transport, "CudaEvents", lambda device: FakeEvents())
+    monkeypatch.setattr(nccl_transport, "CudaStreams", lambda device: FakeCuda().streams(device))
     monkeypatch.setattr(denseccl.arrays, "_cuda_device_of_pointer", lambda pointer: 0)
     monkeypatch.setattr(denseccl.arrays, "current_stream_pointer", lambda library, device: 0)
     return nccl
@@ -156,13 +158,16 @@ def test_mpi_launch(fakes):
 def test_cupy13_takes_a_tuple(fakes, monkeypatch):
     made = []
 
-    def tuple_only(size, unique_id, rank):
-        if not isinstance(unique_id, tuple):
+    def tuple_only(ndev, commId, rank):  # noqa: N803 - CuPy's names
+        if not isinstance(commId, tuple):
             raise TypeError("Argument 'commId' has incorrect type (expected tuple)")
-        made.append(unique_id)
-        return FakeComm(rank, size)
+        made.append(commId)
+        return FakeComm(rank, ndev)
 
     fakes.NcclCommunicator = tuple_only
+    cupy, nccl = nccl_bootstrap._require_nccl()
+    cupy13 = types.SimpleNamespace(**{**vars(cupy), "__version__": "13.6.0"})
+    monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy13, nccl))
     comm = denseccl.init(backend="nccl", size=1, timeout=5)
     assert len(made) == 1 and len(made[0]) == 128 and all(-128 <= v <= 127 for v in made[0])
     comm.close()

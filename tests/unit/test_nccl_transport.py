@@ -1,5 +1,6 @@
-"""The NCCL transport's logic on the CPU, with a fake NcclCommunicator, fake CUDA events and a
-fake libnccl: which call each collective makes (pointers, counts, dtypes, ops, roots, streams),
+"""The NCCL transport's logic on the CPU, with the fakes of tests/unit/test_nccl_fakes.py (a fake
+NcclCommunicator and a fake cupy, both checked against the installed CuPy) and a fake libnccl:
+which call each collective makes (pointers, counts, dtypes, ops, roots, streams),
 the PreMulSum op cache, Work/Pending semantics (stream wait vs host synchronisation), timeouts
 that abort the communicator, asynchronous errors, the watchdog, split, and the Communicator on
 top of it all. What only a GPU can show (NCCL's arithmetic, real streams) is in tests/gpu."""
@@ -18,132 +19,11 @@ from denseccl.arrays import StreamRef
 from denseccl.communicator import Communicator
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from denseccl.ops import DTYPES, PreMulSum, ReduceOp
-from denseccl.transports import nccl, nccl_events, nccl_tables
+from denseccl.transports import nccl_events, nccl_tables
 from denseccl.transports.store import SoloControl
+from tests.unit.test_nccl_fakes import VERSION, S, make
 
-VERSION = nccl_tables.version_code(2, 27, 3)
 F32, C64, BOOL, I16, F16 = (DTYPES[n] for n in ("float32", "complex64", "bool", "int16", "float16"))
-
-
-class FakeEvent:
-    def __init__(self, stream: int, done: bool) -> None:
-        self.stream = stream
-        self.finished = done
-
-
-class FakeEvents:
-    def __init__(self, current: int = 0) -> None:
-        self.current_pointer = current
-        self.recorded: list = []
-        self.waits: list = []
-        self.auto_done = True
-        self.broken_query = False
-
-    def record(self, stream):
-        event = FakeEvent(stream, self.auto_done)
-        self.recorded.append(event)
-        return event
-
-    def done(self, event):
-        if self.broken_query:
-            raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
-        return event.finished
-
-    def wait(self, stream, event):
-        self.waits.append((stream, event))
-
-    def current(self, ref):
-        return self.current_pointer
-
-    def default_stream(self):
-        return StreamRef(self.current_pointer, "cupy", 0)
-
-    def scratch(self, nbytes):
-        return SimpleNamespace(ptr=0xBEEF)
-
-    def compute_capability(self):
-        return self.capability
-
-    capability = 90
-
-
-class FakeComm:
-    def __init__(self, rank: int = 0, size: int = 2) -> None:
-        self._rank, self._size = rank, size
-        self.comm = 0x1234
-        self.calls: list = []
-        self.aborted = self.destroyed = False
-        self.async_error = None
-        self.fail_next = None
-
-    def rank_id(self):
-        return self._rank
-
-    def size(self):
-        return self._size
-
-    def _record(self, name, *args):
-        if self.fail_next is not None:
-            error, self.fail_next = self.fail_next, None
-            raise error
-        self.calls.append((name, *args))
-
-    def allReduce(self, *args):  # noqa: N802 - CuPy's names
-        self._record("allReduce", *args)
-
-    def reduce(self, *args):
-        self._record("reduce", *args)
-
-    def broadcast(self, *args):
-        self._record("broadcast", *args)
-
-    def allGather(self, *args):  # noqa: N802
-        self._record("allGather", *args)
-
-    def reduceScatter(self, *args):  # noqa: N802
-        self._record("reduceScatter", *args)
-
-    def send(self, *args):
-        self._record("send", *args)
-
-    def recv(self, *args):
-        self._record("recv", *args)
-
-    def check_async_error(self):
-        if self.async_error:
-            raise RuntimeError(self.async_error)
-
-    def abort(self):
-        self.aborted = True
-        self.comm = 0
-
-    def destroy(self):
-        self.destroyed = True
-
-    def commSplit(self, color, key):  # noqa: N802
-        self.calls.append(("commSplit", color, key))
-        return None if color == -1 else FakeComm(0, 1)
-
-
-class FakeLibrary:
-    def __init__(self) -> None:
-        self.created: list = []
-        self.destroyed: list = []
-        self._next = 5  # ncclNumOps: the first dynamic op
-
-    def create_premul_sum(self, scalar, datatype, comm):
-        self.created.append((scalar, datatype, comm))
-        self._next += 1
-        return self._next - 1
-
-    def destroy_op(self, op, comm):
-        self.destroyed.append((op, comm))
-
-
-def make(*, timeout=None, size=2, version=VERSION, interval=0.01, current=0):
-    comm, events, library = FakeComm(0, size), FakeEvents(current), FakeLibrary()
-    transport = nccl.NCCLTransport(comm, 0, timeout=timeout, version=version, events=events, library=library, watchdog_interval=interval)
-    return transport, comm, events, library
 
 
 def wait_for(predicate, seconds=5.0):
@@ -153,9 +33,6 @@ def wait_for(predicate, seconds=5.0):
             return True
         time.sleep(0.01)
     return predicate()
-
-
-S = StreamRef(77, "cupy", 0)
 
 
 # -- one call per collective ------------------------------------------------------------------
@@ -172,8 +49,6 @@ def test_calls_map_to_one_nccl_call_each():
     transport.broadcast(300, 5, F32, 0, S)
     transport.allgather(100, 400, 6, F32, S)
     transport.reduce_scatter(400, 100, 6, C64, ReduceOp.SUM, S)
-    transport.send(100, 4, F32, 1, S)
-    transport.recv(100, 4, F32, 1, S)
     assert comm.calls == [
         ("allReduce", 100, 200, 10, 7, 0, 77),
         ("allReduce", 100, 100, 20, 7, 4, 77),
@@ -184,8 +59,6 @@ def test_calls_map_to_one_nccl_call_each():
         ("broadcast", 300, 300, 5, 7, 0, 77),
         ("allGather", 100, 400, 6, 7, 77),
         ("reduceScatter", 400, 100, 12, 7, 0, 77),
-        ("send", 100, 4, 7, 1, 77),
-        ("recv", 100, 4, 7, 1, 77),
     ]
     assert [event.stream for event in events.recorded] == [77] * len(comm.calls)
     transport.close()
@@ -207,11 +80,7 @@ def test_reducing_a_dtype_without_nccl_type_is_refused():
 def test_fp8_reductions_only_from_sm90(capability, reduces):
     """NCCL >= 2.24 refuses fp8 reductions below sm90 (ncclInvalidArgument): refused before the
     call there, with the reason; broadcast and allgather still move fp8, as bytes."""
-    FakeEvents.capability = capability
-    try:
-        transport, comm, _, _ = make(version=nccl_tables.version_code(2, 24))
-    finally:
-        FakeEvents.capability = 90
+    transport, comm, _, _ = make(version=nccl_tables.version_code(2, 24), capability=str(capability))
     e4m3 = DTYPES["float8_e4m3fn"]
     if reduces:
         transport.allreduce(100, 100, 8, e4m3, ReduceOp.MAX, S)

@@ -1,7 +1,7 @@
 """DDP step time of a channels-last ConvNet: the denseccl backend against gloo (CPU) and, when
 a GPU is present, nccl.
 
-    launch/run -n 2 python launch/bench_ddp.py [--rounds 5] [--steps 10] [--batch 8] [--width 64]
+    launch/run -n 2 python examples/bench_ddp.py [--rounds 5] [--steps 10] [--batch 8] [--width 64]
 
 Every backend trains its own copy of the same model with DDP (default bucket size); rounds
 alternate between the backends so that drifts in machine load hit all of them alike. A step

@@ -1,6 +1,6 @@
 """DDP on a channels-last ConvNet over the denseccl backend (CPU).
 
-    launch/run -n 2 python launch/torch_ddp_example.py
+    launch/run -n 2 python examples/torch_ddp_example.py
 
 Each rank trains on its slice of a global batch. At the end the script checks, and prints:
 - that the parameters are bit-identical on every rank,

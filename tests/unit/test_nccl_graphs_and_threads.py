@@ -1,0 +1,313 @@
+"""What the first GPU run was predicted to hit, on the CPU with the fakes (tests/unit/test_nccl_fakes.py):
+
+- one rank: fp8 avg / PreMulSum go to NCCL's host-side one-rank path, which has no fp8 case;
+- an argument error NCCL reports before it enqueues anything must leave the communicator usable;
+- CUDA graph capture: a captured call gets no watchdog entry and its event is never queried;
+- ncclCommAbort / ncclCommDestroy never free the communicator under a call inside NCCL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from denseccl import arrays
+from denseccl.arrays import StreamRef
+from denseccl.communicator import Communicator
+from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from denseccl.ops import DTYPES, PreMulSum, ReduceOp
+from denseccl.transports.store import SoloControl
+from tests.unit.test_nccl_fakes import S, NcclError, make
+from tests.unit.test_nccl_transport import HostCAI, wait_for
+
+F32, E4M3, E5M2 = DTYPES["float32"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]
+FP8_VERSION = 23203  # NCCL 2.32.3
+
+
+@pytest.fixture()
+def solo(monkeypatch):
+    """A one-rank Communicator on the fake transport (current stream 55)."""
+    monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
+    monkeypatch.setattr(arrays, "current_stream_pointer", lambda library, device: 55)
+    transport, fake, cuda, library = make(size=1, current=55, version=FP8_VERSION)
+    communicator = Communicator(transport, SoloControl(), timeout=5.0)
+    communicator.fake, communicator.cuda = fake, cuda
+    yield communicator
+    communicator.close()
+
+
+# -- 1. one rank, fp8 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_one_rank_fp8_avg_and_unit_premul_run_as_sum(dtype):
+    transport, comm, _, library = make(size=1, version=FP8_VERSION)
+    transport.allreduce(100, 100, 8, dtype, ReduceOp.AVG, S)
+    transport.reduce(100, 200, 8, dtype, ReduceOp.AVG, 0, S)
+    transport.reduce_scatter(100, 200, 8, dtype, ReduceOp.AVG, S)
+    transport.allreduce(100, 100, 8, dtype, PreMulSum(1.0), S)
+    assert [call[5] for call in comm.calls] == [0, 0, 0, 0]  # ncclSum: one rank's sum is its input
+    assert library.created == [] and transport.failure() is None
+    with pytest.raises(LayoutError, match=r"PreMulSum\(0.5\).*one rank.*x.mul_"):
+        transport.allreduce(100, 100, 8, dtype, PreMulSum(0.5), S)
+    assert len(comm.calls) == 4 and transport.failure() is None
+    transport.allreduce(100, 100, 8, dtype, ReduceOp.MAX, S)  # still usable
+    assert comm.calls[-1][5] == 2
+
+
+def test_two_ranks_fp8_avg_stays_avg():
+    transport, comm, _, _ = make(size=2, version=FP8_VERSION)
+    transport.allreduce(100, 100, 8, E4M3, ReduceOp.AVG, S)
+    transport.allreduce(100, 100, 8, E4M3, PreMulSum(0.5), S)
+    assert [call[5] for call in comm.calls] == [4, 5]
+
+
+# -- 1b. an argument error before the enqueue ------------------------------------------------------
+
+
+def test_invalid_argument_leaves_the_communicator_usable(solo):
+    x = HostCAI(np.ones(4, np.float32))
+    solo.fake.fail_next = NcclError(4)
+    with pytest.raises(LayoutError, match="NCCL refused the arguments of allreduce.*stays usable"):
+        solo.allreduce(x)
+    assert solo.broken is None and wait_for(lambda: solo.transport._watchdog.in_flight == 0)
+    assert solo.allreduce(x) is x and solo.fake.calls[-1][0] == "allReduce"
+
+
+def test_other_nccl_errors_still_break_it(solo):
+    solo.fake.fail_next = NcclError(2)  # ncclSystemError
+    with pytest.raises(NcclError):
+        solo.allreduce(HostCAI(np.ones(4, np.float32)))
+    with pytest.raises(CommunicatorBrokenError):
+        solo.allreduce(HostCAI(np.ones(4, np.float32)))
+
+
+# -- 2. CUDA graph capture -----------------------------------------------------------------------
+
+
+def test_captured_call_has_no_watchdog_entry_and_no_event_query():
+    transport, comm, cuda, _ = make(timeout=0.2, current=77)
+    cuda.auto_done = False
+    cuda.capturing.add(77)
+    pending = transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    assert comm.calls[-1][-1] == 77 and pending.captured
+    assert transport._watchdog.in_flight == 0
+    time.sleep(0.4)  # past the timeout: nothing watched, nothing aborted
+    assert transport.failure() is None and not comm.aborted
+    assert pending.test() and cuda.queries == 0
+    pending.wait(None)  # ran on the current stream: nothing to do
+    cuda.current_pointer = 5  # another stream of the same capture joins it
+    pending.wait(None)
+    assert cuda.waits == [(5, cuda.recorded[-1])]
+    pending.synchronize(time.monotonic() + 1)  # never blocks the host for a captured call
+    cuda.capturing.clear()  # the capture ended: replays order themselves
+    pending.wait(None)
+    assert len(cuda.waits) == 2 and cuda.queries == 0
+    eager = transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)  # after the capture: watched again
+    assert not eager.captured and transport._watchdog.in_flight == 1
+    assert wait_for(lambda: comm.aborted)  # and its timeout counts
+    transport.close()
+
+
+def test_premul_ops_of_a_capture_live_as_long_as_the_communicator():
+    transport, comm, cuda, library = make()
+    cuda.capturing.add(77)
+    transport.allreduce(1, 1, 4, F32, PreMulSum(0.25), S)
+    captured_op = comm.calls[-1][5]
+    cuda.capturing.clear()
+    for i in range(80):
+        transport.allreduce(1, 1, 4, F32, PreMulSum(1.0 + i), S)
+    assert captured_op not in [op for op, _ in library.destroyed] and len(library.destroyed) == 17
+    transport.allreduce(1, 1, 4, F32, PreMulSum(0.25), S)
+    assert comm.calls[-1][5] == captured_op  # still cached: a replay would use it
+    transport.close()
+    assert captured_op in [op for op, _ in library.destroyed]
+
+
+def test_barrier_during_capture_is_refused_and_harmless():
+    transport, comm, cuda, _ = make(current=8)
+    cuda.capturing.add(8)
+    with pytest.raises(DenseCCLError, match="captured into a CUDA graph"):
+        transport.barrier()
+    assert comm.calls == [] and transport.failure() is None and transport._inside == 0
+    cuda.capturing.clear()
+    transport.barrier().wait(time.monotonic() + 1)
+
+
+def test_communicator_under_capture(solo):
+    solo.cuda.capturing.add(55)
+    solo.cuda.auto_done = False
+    x = HostCAI(np.ones((3, 4), np.float32).T)
+    assert solo.allreduce(x, "avg") is x
+    work = solo.allgather(x, out=HostCAI(np.zeros((1, 3, 4), np.float32).transpose(0, 2, 1)), async_op=True)
+    assert work.is_completed() and work.wait() is not None and work.synchronize() is not None
+    assert solo.cuda.queries == 0 and solo.transport._watchdog.in_flight == 0
+    assert [call[0] for call in solo.fake.calls] == ["allReduce", "allGather"]
+
+
+# -- 3. abort and destroy never under a call inside NCCL --------------------------------------------
+
+
+def _call_in_thread(transport, comm):
+    comm.gate = threading.Event()
+    gate = comm.gate
+    errors = []
+
+    def body():
+        try:
+            transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    assert comm.entered.wait(5)
+    return thread, gate, errors
+
+
+def test_abort_waits_for_a_call_inside_nccl(caplog):
+    transport, comm, _, _ = make()
+    thread, gate, errors = _call_in_thread(transport, comm)
+    with caplog.at_level("WARNING", logger="denseccl"):
+        transport.abort("peer gone", timed_out=True)
+    assert "peer gone; ncclCommAbort waits until the NCCL call" in caplog.text
+    assert not comm.aborted  # deferred: the call is still inside
+    with pytest.raises(CollectiveTimeoutError, match="peer gone"):
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)  # refused at once, never enters NCCL
+    started = time.monotonic()
+    assert transport.async_error() is None and time.monotonic() - started < 1
+    gate.set()
+    thread.join(5)
+    assert comm.aborted and not comm.freed_while_inside and errors == []
+
+
+def test_watchdog_timeout_during_a_blocked_enqueue_is_an_error_not_a_free():
+    transport, comm, cuda, _ = make(timeout=0.2)
+    cuda.auto_done = False
+    thread, gate, _ = _call_in_thread(transport, comm)
+    assert wait_for(lambda: transport.failure() is not None)
+    assert "did not complete within 0.2 s" in transport.failure() and not comm.aborted
+    gate.set()
+    thread.join(5)
+    assert comm.aborted and not comm.freed_while_inside
+
+
+def test_async_error_is_polled_while_a_call_is_inside():
+    transport, comm, _, _ = make()
+    thread, gate, _ = _call_in_thread(transport, comm)
+    comm.async_error = "NCCL_ERROR_REMOTE_ERROR"
+    started = time.monotonic()
+    assert "REMOTE_ERROR" in transport.async_error() and time.monotonic() - started < 1
+    gate.set()
+    thread.join(5)
+    transport.close()
+
+
+def test_close_waits_for_a_call_inside_nccl():
+    transport, comm, _, _ = make()
+    thread, gate, _ = _call_in_thread(transport, comm)
+    transport.close()
+    assert not comm.destroyed
+    with pytest.raises(DenseCCLError, match="closed"):
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    gate.set()
+    thread.join(5)
+    assert comm.destroyed and not comm.freed_while_inside
+
+
+def test_many_threads_and_an_abort():
+    """Calls from several threads and a concurrent abort: the communicator is freed once, by
+    whoever leaves last, and never while a call is inside."""
+    transport, comm, _, _ = make()
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            try:
+                transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+            except CommunicatorBrokenError:
+                return
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)
+    transport.abort("stop", timed_out=False)
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    assert wait_for(lambda: comm.aborted) and not comm.freed_while_inside and transport._inside == 0
+
+
+# -- 4. torch tensors used on a stream other than torch's current one -------------------------------
+
+
+class _FakeTensor:
+    """Stands for a CUDA torch tensor around a host array (what the Communicator asks of it)."""
+
+    def __init__(self, array):
+        self.array = array
+        self.recorded = []
+
+    def is_conj(self):
+        return False
+
+    def is_neg(self):
+        return False
+
+    def record_stream(self, stream):
+        self.recorded.append(stream.pointer)
+
+
+@pytest.fixture()
+def torch_like(solo, monkeypatch):
+    """The solo Communicator, with _FakeTensor inputs seen as CUDA torch tensors and a fake torch
+    whose current stream on the device is 55."""
+    import sys
+    from types import SimpleNamespace
+
+    import denseccl.communicator as communicator_module
+
+    real_as_buffer = communicator_module.as_buffer
+
+    def as_buffer(x):
+        if isinstance(x, _FakeTensor):
+            return real_as_buffer(HostCAI(x.array))._replace(library="torch", owner=x)
+        return real_as_buffer(x)
+
+    cuda = SimpleNamespace(ExternalStream=lambda pointer, device: SimpleNamespace(pointer=pointer, device=device))
+    monkeypatch.setattr(communicator_module, "as_buffer", as_buffer)
+    monkeypatch.setattr(arrays, "_TORCH_STREAMS", {})
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, Tensor=type(None)))
+    return solo
+
+
+def test_torch_tensors_on_another_stream_are_recorded_there(torch_like):
+    x, out = _FakeTensor(np.ones(6, np.float32)), _FakeTensor(np.zeros(6, np.float32))
+    torch_like.allreduce(x, out=out, stream=SimpleStream(66))
+    assert x.recorded == [66] and out.recorded == [66]  # both, on the stream NCCL used
+    torch_like.allreduce(x)  # torch's current stream (torch ignores it where it allocated x)
+    work = torch_like.broadcast(x, 0, async_op=True, stream=SimpleStream(67))
+    assert x.recorded == [66, 55, 67]
+    work.wait()
+    stacked = _FakeTensor(np.zeros((1, 6), np.float32))
+    torch_like.allgather(x, out=stacked, stream=SimpleStream(68))
+    torch_like.reduce_scatter(stacked, out=out, stream=SimpleStream(69))
+    torch_like.reduce(x, 0, stream=SimpleStream(70))
+    assert x.recorded == [66, 55, 67, 68, 70] and stacked.recorded == [68, 69] and out.recorded == [66, 69]
+
+
+def test_other_arrays_are_not_recorded(solo):
+    x = HostCAI(np.ones(6, np.float32))
+    solo.allreduce(x, stream=SimpleStream(66))  # no record_stream for a non-torch array: nothing to call
+    arrays.record_stream(None, ())
+    arrays.record_stream(StreamRef(66, "cupy", 0), arrays.as_buffer(x))
+    assert solo.fake.calls[-1][-1] == 66
+
+
+class SimpleStream:
+    def __init__(self, pointer):
+        self.ptr = pointer
