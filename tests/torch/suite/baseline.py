@@ -7,6 +7,8 @@ test_torch_suite.py checks that the stored list is still what gloo does.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import signal
@@ -14,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -46,12 +48,14 @@ def run_driver(
         if mpiexec is not None:
             command = [mpiexec, "-n", str(world_size), sys.executable, str(DRIVER), "--mpi", "--out", out, *names]
         log = open(os.path.join(scratch, "log"), "w+")
+        before = set(glob.glob("/dev/shm/mpich_shm_*"))
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=scratch, start_new_session=True)
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            remove_orphaned_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
         records: Dict[str, Dict[str, object]] = {}
         if os.path.exists(out):
             with open(out) as f:
@@ -65,6 +69,22 @@ def run_driver(
                     break
         log.close()
     return records
+
+
+def remove_orphaned_segments(candidates: Set[str]) -> None:
+    """Remove MPICH shared-memory files that a killed job left behind: those among
+    ``candidates`` (created while it ran) that no live process still maps (other jobs share
+    this machine)."""
+    mapped: Set[str] = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[-1].strip() for line in f if "mpich_shm_" in line)
+        except OSError:
+            continue
+    for path in candidates - mapped:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def passed(records: Dict[str, Dict[str, object]]) -> List[str]:
