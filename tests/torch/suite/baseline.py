@@ -8,6 +8,7 @@ test_torch_suite.py checks that the stored list is still what gloo does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -49,7 +50,9 @@ def run_driver(
             command = [mpiexec, "-n", str(world_size), sys.executable, str(DRIVER), "--mpi", "--out", out, *names]
         log = open(os.path.join(scratch, "log"), "w+")
         before = set(glob.glob("/dev/shm/mpich_shm_*"))
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=scratch, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=scratch, start_new_session=True
+        )
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -65,7 +68,8 @@ def run_driver(
             tail = log.read()[-6000:]
             for name in names:
                 if name not in records:
-                    records[name] = {"outcome": "failed", "detail": f"the run ended before this test finished (exit {process.returncode}):\n{tail}", "seconds": 0}
+                    detail = f"the run ended before this test finished (exit {process.returncode}):\n{tail}"
+                    records[name] = {"outcome": "failed", "detail": detail, "seconds": 0}
                     break
         log.close()
     return records
@@ -94,11 +98,14 @@ def passed(records: Dict[str, Dict[str, object]]) -> List[str]:
 def suite_names() -> List[str]:
     """Every test name of torch's suite (as unittest lists them)."""
     environment = dict(os.environ, DENSECCL_SUITE_BACKEND="gloo", WORLD_SIZE="2")
-    result = subprocess.run([sys.executable, str(DRIVER), "--list"], capture_output=True, text=True, env=environment, check=True)
+    command = [sys.executable, str(DRIVER), "--list"]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, check=True)
     return result.stdout.split()
 
 
+@functools.lru_cache(maxsize=1)
 def stored() -> Dict[str, object]:
+    """The stored reference list (read once)."""
     with open(STORED) as f:
         return json.load(f)
 

@@ -136,7 +136,8 @@ class Recorder(unittest.TextTestResult):
 
     def _record(self, test: Any, outcome: str, detail: str = "") -> None:
         name = test.id().rsplit(".", 1)[-1]
-        self.records[name] = {"outcome": outcome, "detail": detail, "seconds": round(time.monotonic() - self._started, 2)}
+        seconds = round(time.monotonic() - self._started, 2)
+        self.records[name] = {"outcome": outcome, "detail": detail, "seconds": seconds}
         if self.out:
             write(self.out, self.records)
 
@@ -171,7 +172,10 @@ def _run_rank(case: Any, name: str, rank: int, size: int) -> Dict[str, str]:
     seconds = suite.CUSTOM_PG_TIMEOUT.get(name, suite.default_pg_timeout)
     suite.BACKEND = BACKEND
     try:
-        dist.init_process_group(init_method=case.init_method, backend=BACKEND, world_size=size, rank=rank, timeout=timedelta(seconds=seconds))
+        dist.init_process_group(
+            init_method=case.init_method, backend=BACKEND, world_size=size, rank=rank,
+            timeout=timedelta(seconds=seconds),
+        )
         case._barrier()
         common_utils.set_rng_seed()
         suite.BACKEND = "gloo" if name in BODY_AS_GLOO else BACKEND
