@@ -56,6 +56,11 @@ os.environ.setdefault("TEMP_DIR", tempfile.gettempdir())
 # A test that hangs is stopped after this many seconds (torch's default is 300).
 os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", "120")
 os.environ["BACKEND"] = "gloo"
+# As upstream's run_test.py runs it "with file init_method": the suite reads INIT_METHOD when it
+# is imported (a test that re-creates the default group needs file://); each test's own file is
+# set in its ranks (``_init_method``); a spawned rank arrives with it already.
+if not os.environ.get("INIT_METHOD", "").startswith("file://"):
+    os.environ["INIT_METHOD"] = "file://" + os.path.join(tempfile.gettempdir(), "denseccl-suite-unused")
 os.environ.setdefault("PYTORCH_PRINT_REPRO_ON_FAILURE", "0")
 
 import torch  # noqa: E402
@@ -99,6 +104,7 @@ class TestDistBackendWithSpawn(suite.TestDistBackend, suite.DistributedTest._Dis
             self._start_processes(torch.multiprocessing.get_context("fork").Process)
 
     def run_test(self, test_name: str, parent_pipe: Any) -> None:
+        _init_method()
         suite.BACKEND = "gloo" if test_name in BODY_AS_GLOO else BACKEND
         super().run_test(test_name, parent_pipe)
 
@@ -107,6 +113,12 @@ if BACKEND != "gloo":
     for _name, _reason in UNSKIP.items():
         if getattr(getattr(suite.DistributedTest._DistTestBase, _name), "__unittest_skip_why__", None) == _reason:
             setattr(TestDistBackendWithSpawn, _name, _unskipped(_name))
+
+
+def _init_method() -> None:
+    """The file:// URL of this test's temporary directory (``initialize_temp_directories`` puts
+    it in the environment of each test) as the suite's ``INIT_METHOD``."""
+    suite.INIT_METHOD = os.environ["INIT_METHOD"]
 
 
 def skip_reason(name: str) -> Optional[str]:
@@ -238,6 +250,8 @@ def run_under_mpi(names: List[str], out: Optional[str]) -> None:
         else:
             temp = world.bcast(_fresh_temp_dir() if rank == 0 else None, root=0)
             os.environ["TEMP_DIR"] = temp
+            os.environ["INIT_METHOD"] = "file://" + os.path.join(temp, "init_dir", "shared_init_file")
+            _init_method()
             suite.Barrier.barrier_id = 0
             case = TestDistBackendWithSpawn(name)
             case.rank, case.file_name = rank, os.path.join(temp, "init_dir", "store")
