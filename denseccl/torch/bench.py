@@ -107,8 +107,12 @@ def main() -> None:
         for name, ms in medians.items():
             spread = f"{min(found[name]) * 1e3:.1f}-{max(found[name]) * 1e3:.1f}"
             print(f"  {name:20s} {ms:8.2f}   rounds {spread}")
-        for a, b in (("backend", "direct"), ("gloo", "backend"), ("gloo-contiguous", "backend"), ("gloo-transposed", "backend-transposed"),
-                     ("gloo-gather", "backend-gather"), ("gloo-fresh", "backend-fresh"), ("backend-fresh", "backend")):
+        pairs = (
+            ("backend", "direct"), ("gloo", "backend"), ("gloo-contiguous", "backend"),
+            ("gloo-transposed", "backend-transposed"), ("gloo-gather", "backend-gather"),
+            ("gloo-fresh", "backend-fresh"), ("backend-fresh", "backend"),
+        )
+        for a, b in pairs:
             if a in medians and b in medians:
                 print(f"  {a} / {b}: {medians[a] / medians[b]:.2f}x")
     dist.destroy_process_group()
