@@ -55,8 +55,9 @@ def init(
     for launches without MPI), ``"nccl"`` (device arrays over NCCL) or None to choose:
     ``DENSECCL_BACKEND`` if set, else NCCL where a GPU and NCCL are present, else gloo under a
     torchrun-style launch (or with ``store=``) that no MPI launcher started, else MPI.
-    ``store``, ``rank``, ``size`` (gloo, nccl): a torch key-value store for the ranks to meet on. ``comm``: an mpi4py communicator to build on (default ``MPI.COMM_WORLD``;
-    under mpiexec nothing else is needed). ``check``: ``"always"`` (default) checks that every
+    ``store``, ``rank``, ``size`` (gloo, nccl): a torch key-value store for the ranks to meet
+    on. ``comm``: an mpi4py communicator to build on (default ``MPI.COMM_WORLD``; under mpiexec
+    nothing else is needed). ``check``: ``"always"`` (default) checks that every
     rank holds the same descriptor before each collective; ``"off"`` skips that, and then a rank
     whose input is invalid raises alone while its peers wait until the timeout. ``timeout``:
     seconds (or a ``datetime.timedelta``) a rank waits for its peers before
@@ -150,12 +151,22 @@ def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:  # timeout
 
 
 def _init_gloo(
-    check: bool, timeout: Optional[float], deadline: Optional[float], *, store: Any = None, rank: Optional[int] = None, size: Optional[int] = None,
-    prefix: str = "denseccl", **unexpected: Any,
+    check: bool,
+    timeout: Optional[float],
+    deadline: Optional[float],
+    *,
+    store: Any = None,
+    rank: Optional[int] = None,
+    size: Optional[int] = None,
+    prefix: str = "denseccl",
+    **unexpected: Any,
 ) -> Communicator:
     """The gloo engine on ``store`` (default: the env:// store of a torchrun-style launch)."""
     if unexpected:
-        raise DenseCCLError(f"unexpected options for the gloo backend: {', '.join(sorted(unexpected))} (known: store, rank, size, prefix)")
+        raise DenseCCLError(
+            f"unexpected options for the gloo backend: {', '.join(sorted(unexpected))} "
+            "(known: store, rank, size, prefix)"
+        )
     try:
         from .transports.gloo import open_gloo  # noqa: PLC0415 - needs torch
     except ImportError as error:

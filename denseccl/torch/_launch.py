@@ -25,11 +25,14 @@ def host_engine() -> str:
         try:
             import mpi4py.MPI  # noqa: F401, PLC0415
         except ImportError as error:
-            raise DenseCCLError(f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'") from None
+            raise DenseCCLError(
+                f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'"
+            ) from None
         return "mpi"
     if not dist.is_gloo_available():
         raise DenseCCLError(
-            "denseccl: this torch was built without gloo, which moves CPU tensors when no MPI launcher started the job; "
+            "denseccl: this torch was built without gloo, which moves CPU tensors when no MPI launcher started the "
+            "job; "
             "launch with mpiexec (pip install 'denseccl[mpi]')"
         )
     return "gloo"

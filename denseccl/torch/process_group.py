@@ -7,7 +7,7 @@ rank must be the MPI rank), and over the gloo engine otherwise (torchrun, ``mp.s
 file://, tcp://: torch's gloo moves each span as a flat 1-D view, made from this group's store).
 CUDA tensors move over the NCCL transport, created on the first CUDA collective.
 ``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does not offer)
-run on an MPI communicator or a gloo group this group owns, for CPU tensors (:mod:`._extras`).
+run on an MPI communicator or a gloo group this group owns, for CPU tensors (:mod:`.all_to_all_p2p`).
 
 This module holds the group itself (registration, communicators, lifecycle) and its
 elementwise collectives; the gather and scatter family, with its staging of dim-0 concatenated
@@ -29,13 +29,13 @@ from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
-from . import buckets
+from . import all_to_all_p2p, buckets
 from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
 from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
-from .work import AsyncWork, Operation, Progress, completed_work, new_future
+from .progress import AsyncWork, Operation, Progress, completed_work, new_future
 
 BACKEND_NAME = "denseccl"
 
@@ -59,7 +59,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
         self._host: Optional[Communicator] = None
-        self._aux: Any = None  # the engine of point-to-point and all-to-all (_extras)
+        self._aux: Any = None  # the engine of point-to-point and all-to-all (all_to_all_p2p)
         self._device: Optional[Communicator] = None
         self._host_problem: Optional[str] = None
         self._names: dict = {}
@@ -69,18 +69,16 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def _setup_host(self) -> None:
         """The communicator that moves CPU tensors: MPI under an MPI launcher, else the gloo
-        engine on this group's store; and the engine of the extras (all-to-all, send/recv)."""
-        from . import _extras  # noqa: PLC0415
-
+        engine on this group's store; and the engine of all-to-all and send/recv."""
         if host_engine() == "gloo":
             self._host = denseccl_init(backend="gloo", store=self._store, rank=self._group_rank, size=self._group_size, timeout=self._seconds or 0)
-            self._aux = _extras.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
+            self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
             return
         if self._global_ranks:  # MPI_Comm_create_group blocks until every member calls it
             arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
         self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
         self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
-        self._aux = _extras.MPIEngine(self._mpi_group.Dup())
+        self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -295,10 +293,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         that is not row-major is staged through a contiguous copy."""
         with self._arguments("all_to_all_single", output, input):
             opts = options(opts, _c10d.AllToAllOptions)
-            mpi = self._aux_comm([output, input], "all_to_all_single")
-            from . import _extras  # noqa: PLC0415
+            engine = self._aux_comm([output, input], "all_to_all_single")
 
-        issue = _extras.all_to_all_single(self, mpi, output, input, list(output_split_sizes), list(input_split_sizes))
+        issue = all_to_all_p2p.all_to_all_single(self, engine, output, input, list(output_split_sizes), list(input_split_sizes))
         return self._run("all_to_all_single", opts, input.device, issue)
 
     alltoall_base = all_to_all_single
@@ -307,25 +304,20 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         with self._arguments("alltoall", output_tensors, input_tensors):
             opts = options(opts, _c10d.AllToAllOptions)
             outputs, inputs = as_list(output_tensors), as_list(input_tensors)
-            mpi = self._aux_comm(outputs + inputs, "all_to_all")
-            from . import _extras  # noqa: PLC0415
+            engine = self._aux_comm(outputs + inputs, "all_to_all")
 
-        issue = _extras.alltoall(self, mpi, outputs, inputs)
+        issue = all_to_all_p2p.alltoall(self, engine, outputs, inputs)
         return self._run("all_to_all", opts, inputs[0].device, issue)
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        mpi = self._aux_comm(tensors, "send")
-        from . import _extras  # noqa: PLC0415
-
-        return self._run("send", None, tensors[0].device, _extras.send(mpi, tensors, dst, tag))
+        engine = self._aux_comm(tensors, "send")
+        return self._run("send", None, tensors[0].device, all_to_all_p2p.send(engine, tensors, dst, tag))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        mpi = self._aux_comm(tensors, "recv")
-        from . import _extras  # noqa: PLC0415
-
-        issue, source = _extras.recv(mpi, tensors, src, tag)
+        engine = self._aux_comm(tensors, "recv")
+        issue, source = all_to_all_p2p.recv(engine, tensors, src, tag)
         return self._run("recv", None, tensors[0].device, issue, source_rank=source)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> dist.Work:

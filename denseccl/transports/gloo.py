@@ -41,9 +41,18 @@ _TORCH: Dict[str, Any] = {
     if hasattr(torch, name)
 }
 #: dtypes gloo reduces (and moves as themselves)
-_GLOO_TYPES = frozenset({"bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"})
+_GLOO_TYPES = frozenset(
+    {"bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
+)
 _RED = c10d.ReduceOp
-_GLOO_OPS = {ReduceOp.SUM: _RED.SUM, ReduceOp.AVG: _RED.SUM, ReduceOp.PREMUL_SUM: _RED.SUM, ReduceOp.PRODUCT: _RED.PRODUCT, ReduceOp.MIN: _RED.MIN, ReduceOp.MAX: _RED.MAX}
+_GLOO_OPS = {
+    ReduceOp.SUM: _RED.SUM,
+    ReduceOp.AVG: _RED.SUM,
+    ReduceOp.PREMUL_SUM: _RED.SUM,
+    ReduceOp.PRODUCT: _RED.PRODUCT,
+    ReduceOp.MIN: _RED.MIN,
+    ReduceOp.MAX: _RED.MAX,
+}
 #: gloo's own limit on one call when the communicator waits forever
 _FOREVER = timedelta(days=365)
 
@@ -116,7 +125,9 @@ class GlooPending(Pending):
             finish()
 
 
-def make_group(store: Any, prefix: str, rank: int, size: int, timeout: Optional[float], what: str, deadline: Optional[float] = None) -> Any:
+def make_group(
+    store: Any, prefix: str, rank: int, size: int, timeout: Optional[float], what: str, deadline: Optional[float] = None
+) -> Any:
     """A gloo group of ``size`` ranks on ``store`` under ``prefix`` whose calls give up after
     ``timeout`` seconds (None: never); CollectiveTimeoutError when a peer has not joined by
     ``deadline`` (a ``time.monotonic()`` value; default: ``timeout`` from now)."""
@@ -156,11 +167,14 @@ class GlooTransport(Transport):
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name not in _GLOO_TYPES:
             raise LayoutError(
-                f"the gloo engine cannot reduce {dtype.name} (gloo reduces {', '.join(sorted(_GLOO_TYPES))}); convert to "
+                f"the gloo engine cannot reduce {dtype.name} (gloo reduces {', '.join(sorted(_GLOO_TYPES))}); "
+                "convert to "
                 "one of those, or launch with mpiexec for denseccl's MPI transport"
             )
         if dtype.kind == "c" and op_kind(op) is ReduceOp.PRODUCT:
-            raise LayoutError("the gloo engine cannot take the product of complex numbers; launch with mpiexec for the MPI transport")
+            raise LayoutError(
+                "the gloo engine cannot take the product of complex numbers; launch with mpiexec for the MPI transport"
+            )
 
     def _finish(self, op: Op, target: torch.Tensor) -> Optional[Callable[[], None]]:
         if op_kind(op) is not ReduceOp.AVG:
@@ -217,12 +231,15 @@ class GlooTransport(Transport):
         target = span_tensor(recv, count, dtype)
         options = c10d.ReduceScatterOptions()
         options.reduceOp = self._op(op, dtype)
-        return GlooPending(self.group._reduce_scatter_base(target, source, options), self._finish(op, target), (source, target))
+        work = self.group._reduce_scatter_base(target, source, options)
+        return GlooPending(work, self._finish(op, target), (source, target))
 
     def barrier(self) -> Pending:
         return GlooPending(self.group.barrier(c10d.BarrierOptions()))
 
-    def in_place(self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0) -> Optional[Callable[[int], Callable[[], bool]]]:
+    def in_place(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Callable[[], bool]]]:
         return None  # a replay would save little next to gloo's own per-call cost
 
     def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
@@ -239,7 +256,9 @@ class GlooTransport(Transport):
         self.group = None
 
 
-def _split_members(group: Any, color: Optional[int], key: int, rank: int, deadline: Optional[float] = None) -> Optional[List[int]]:
+def _split_members(
+    group: Any, color: Optional[int], key: int, rank: int, deadline: Optional[float] = None
+) -> Optional[List[int]]:
     """The ranks passing ``color``, ordered by ``(key, rank)`` (as MPI and NCCL order them)."""
     mine = torch.tensor([-1 if color is None else color, key], dtype=torch.int64)
     every = torch.empty(2 * group.size(), dtype=torch.int64)
@@ -294,7 +313,12 @@ class GlooControl(ControlChannel):
 
 
 def open_gloo(
-    store: Any, rank: int, size: int, timeout: Optional[float], prefix: str = "denseccl/gloo/", deadline: Optional[float] = None
+    store: Any,
+    rank: int,
+    size: int,
+    timeout: Optional[float],
+    prefix: str = "denseccl/gloo/",
+    deadline: Optional[float] = None,
 ) -> Tuple[GlooTransport, GlooControl]:
     """The transport and control channel of ``size`` ranks meeting on ``store``: two gloo groups
     (data, agreement) under ``prefix``. CollectiveTimeoutError when a peer has not joined by
@@ -305,7 +329,8 @@ def open_gloo(
         deadline = time.monotonic() + timeout
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
-    return GlooTransport(data, store, f"{prefix}data/", timeout), GlooControl(control, store, f"{prefix}control/", timeout)
+    transport = GlooTransport(data, store, f"{prefix}data/", timeout)
+    return transport, GlooControl(control, store, f"{prefix}control/", timeout)
 
 
 __all__ = ["GlooControl", "GlooPending", "GlooTransport", "make_group", "open_gloo", "span_tensor", "wait_work"]

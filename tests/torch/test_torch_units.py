@@ -18,7 +18,7 @@ import denseccl.torch as dt  # noqa: E402
 from denseccl.torch import _tensors, buckets  # noqa: E402
 from denseccl.torch._arguments import reduce_op  # noqa: E402
 from denseccl.torch.process_group import ProcessGroupDenseCCL  # noqa: E402
-from denseccl.torch.work import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
+from denseccl.torch.progress import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -19,7 +19,7 @@ import torch._C._distributed_c10d as c10d
 from ..agreement import Descriptor, agree
 from ..errors import LayoutError, MismatchError
 from ._issue import Issue
-from .work import RequestStep, WorkStep
+from .progress import RequestStep, WorkStep
 
 if TYPE_CHECKING:
     from .process_group import ProcessGroupDenseCCL
