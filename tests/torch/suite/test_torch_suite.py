@@ -19,7 +19,7 @@ engine torch on 3 and 4 ranks runs one third of the tests, a slice that rotates 
 (``DENSECCL_SUITE_SLICE=0|1|2`` picks one); engine mpiexec on 3 and 4 ranks runs only in the long
 run. The other items are skipped, saying why. Long run: ``DENSECCL_SUITE=full`` runs every test on
 both engines and 2, 3 and 4 ranks, and checks that gloo still passes exactly the stored baseline
-(16 minutes here).
+(about 19 minutes on 2 busy shared cores).
 
 What passing means: torch's suite checks results for most collectives, but its all_reduce tests
 (``_test_all_reduce_helper``) compare no values, only profiler events and only for torch's own
