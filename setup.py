@@ -9,5 +9,10 @@ import sys
 
 from setuptools import Extension, setup
 
-flags = [] if sys.platform == "win32" else ["-O3", "-std=c99", "-fno-trapping-math"]  # lets the loops vectorise
-setup(ext_modules=[Extension("denseccl._half_kernels", ["denseccl/_half_kernels.c"], extra_compile_args=flags, optional=True)])
+# -O3 and -fno-trapping-math let the loops vectorise; -g0 drops the debug info Python's own CFLAGS
+# ask for (-g), and -s strips the symbol table from the shared object (about 5x smaller).
+posix = sys.platform != "win32"
+flags = ["-O3", "-std=c99", "-fno-trapping-math", "-g0"] if posix else []
+link = ["-s"] if posix and sys.platform != "darwin" else []
+setup(ext_modules=[Extension("denseccl._half_kernels", ["denseccl/_half_kernels.c"], extra_compile_args=flags,
+                             extra_link_args=link, optional=True)])

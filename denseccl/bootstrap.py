@@ -14,11 +14,12 @@ Policy knobs, each with an environment twin: ``backend`` (``DENSECCL_BACKEND``),
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Dict, Optional, Tuple, Union
 
-from . import config
+from . import config, log
 from .communicator import Communicator
 from .errors import CollectiveTimeoutError, DenseCCLError
 
@@ -65,8 +66,10 @@ def init(
     """
     seconds = config.timeout(timeout)
     deadline = _deadline(seconds)  # one deadline for every bootstrap step, choosing the backend included
+    given = backend
     backend = (backend or config.settings().backend or _default_backend(options)).lower()
     checking = _check_policy(check)
+    _log_decisions(given, backend, check, checking, seconds)
     if backend == "mpi":
         if options:
             raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
@@ -92,6 +95,7 @@ def _init_mpi(comm: Any, check: bool, timeout: Optional[float], deadline: Option
     from .transports.mpi import MPIControl, MPITransport  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
+    _log_mpi(MPI, base)
     duplicates = []
     for _ in range(2):  # nonblocking, so that a peer that never calls init cannot hold this rank forever
         duplicate, request = base.Idup()
@@ -207,3 +211,44 @@ def _default_backend(options: Any = None) -> str:
             return "mpi"
         return "gloo"
     return "mpi"
+
+
+# -- DENSECCL_DEBUG=INFO: what the bootstrap decided, and why --------------------------------------
+
+
+def _log_decisions(given: Optional[str], backend: str, check: Any, checking: bool, seconds: Optional[float]) -> None:
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):  # the rank, before a communicator says
+        if os.environ.get(name, "").isdigit():
+            log.set_rank(int(os.environ[name]))
+            break
+    source = "the argument" if given else "DENSECCL_BACKEND" if config.settings().backend else "the default"
+    if source == "the default" and backend != "nccl":
+        try:
+            from .nccl_bootstrap import nccl_missing  # noqa: PLC0415
+
+            source += f" (not nccl: {nccl_missing()})"
+        except ImportError:
+            pass
+    log.info("init: backend %s, from %s", backend, source)
+    log.info("init: agreement check %s (from %s), timeout %s", "always" if checking else "off",
+             "the argument" if check is not None else "DENSECCL_CHECK or the default",
+             "none" if seconds is None else f"{seconds:g} s")
+
+
+def _log_mpi(MPI: Any, base: Any) -> None:  # noqa: N803 - the module's own name
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    import mpi4py  # noqa: PLC0415
+
+    from .transports import host_kernels  # noqa: PLC0415
+
+    log.set_rank(MPI.COMM_WORLD.Get_rank())
+    library = " ".join(str(MPI.Get_library_version()).splitlines()[0].split())
+    which = "the world" if base == MPI.COMM_WORLD else "a given"
+    log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s", base.Get_rank(), base.Get_size(),
+             MPI.Get_processor_name(), which, library, mpi4py.__version__)
+    log.info("init: float16/bfloat16 reductions on %s kernels (DENSECCL_HOST_KERNELS=%s)",
+             "the compiled" if host_kernels.native_available() else "torch's or NumPy's (compiled ones not built)",
+             config.settings().host_kernels)

@@ -1,68 +1,22 @@
 """``python -m denseccl.bench``: the nccl-tests-style benchmark. Run it under mpiexec:
 
-    launch/run -n 2 python -m denseccl.bench -b 4K -e 64M -f 4 -c allreduce --layouts all
+    launch/run -n 2 python -m denseccl.bench -b 4K -e 64M -f 4 --collective allreduce
 
-Options follow nccl-tests (``-b -e -f -i -d -o -c -n -w -r``); see ``--help``.
+Flags that nccl-tests has mean the same here (``-b -e -f -i -n -w -c -o -d -r -a``); see
+``--help`` and options.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
-from typing import Any, List, Optional, Sequence
+import warnings
+from typing import Any, List, Optional, Sequence, Tuple
 
 from . import conventions as cv
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m denseccl.bench",
-        description="nccl-tests-style benchmark of denseccl against raw MPI/NCCL, the copy-to-contiguous "
-        "path and torch.distributed, on contiguous and non-contiguous dense layouts. Run under mpiexec "
-        "(launch/run -n N python -m denseccl.bench ...).",
-    )
-    p.add_argument("-b", "--minbytes", default="4K", help="smallest size in bytes (K/M/G suffixes; default 4K)")
-    p.add_argument("-e", "--maxbytes", default="16M", help="largest size in bytes (default 16M)")
-    p.add_argument("-f", "--stepfactor", type=float, default=4.0, help="multiply the size by this each step (default 4)")
-    p.add_argument("-i", "--stepbytes", default="0", help="add this many bytes each step instead of -f")
-    p.add_argument("-d", "--datatype", default="float", help="element type(s), comma separated, or all (default float)")
-    p.add_argument("-o", "--op", default="sum", help="reduction op(s): sum, prod, min, max, avg, comma separated, or all")
-    p.add_argument("-c", "--collective", default="allreduce",
-                   help="allreduce, reduce, broadcast, allgather, reduce_scatter, comma separated, or all (default allreduce)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per round (default 20)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=1, help="warm-up iterations before each round (default 1)")
-    p.add_argument("-r", "--root", type=int, default=0, help="root rank of reduce and broadcast (default 0)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds alternating between contenders; rows report the median (default 3)")
-    p.add_argument("--layouts", default="contiguous,channels_last,transposed,reversed",
-                   help="array layouts: contiguous, channels_last, transposed, reversed, comma separated, or all")
-    p.add_argument("--check", default="on", help="denseccl's cross-rank agreement check: on, off, or on,off for both")
-    p.add_argument("--backend", default="mpi", choices=("mpi", "nccl"), help="mpi: host arrays; nccl: GPU arrays")
-    p.add_argument("--contenders", default="all", help="comma separated subset of the backend's contenders, or all")
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="also plot busbw against size (needs matplotlib)")
-    p.add_argument("--memcheck", action="store_true",
-                   help="trace Python/NumPy allocations (tracemalloc) during each denseccl call; adds a 'peak tmp' column")
-    p.add_argument("--memory", choices=("shared", "separate"), default="shared",
-                   help="shared (default): every contender and layout of a size uses the same memory, so comparisons "
-                   "do not depend on where the allocator put each array; separate: each run allocates its own")
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="torch intra-op threads per rank (default 1: one rank per core)")
-    return p
-
-
-def _checks(text: str) -> List[bool]:
-    words = {"on": True, "always": True, "off": False}
-    found: List[bool] = []
-    for word in text.split(","):
-        word = word.strip().lower()
-        if word not in words:
-            raise ValueError(f"--check takes on, off or on,off; got {text!r}")
-        if words[word] not in found:
-            found.append(words[word])
-    return found
+from . import options
 
 
 def _gpu_problem() -> Optional[str]:
@@ -80,26 +34,52 @@ def _gpu_problem() -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    args = options.parser().parse_args(argv)
     try:
-        collectives = cv.expand(args.collective, cv.COLLECTIVES, cv.collective_name)
-        dtypes = cv.expand(args.datatype, tuple(cv.TYPE_NAMES), cv.dtype_name)
-        ops = cv.expand(args.op, cv.OPS, str.lower)
-        layouts = cv.expand(args.layouts, cv.LAYOUTS, str.lower)
-        sizes = cv.sizes(cv.parse_size(args.minbytes), cv.parse_size(args.maxbytes), args.stepfactor, cv.parse_size(args.stepbytes))
-        checks = _checks(args.check)
+        plan = options.plan(args)
     except ValueError as error:
         print(f"denseccl.bench: {error}", file=sys.stderr)
         return 2
+    from . import meta  # noqa: PLC0415
 
+    pin_problem = meta.pin(plan.pin)  # before MPI and torch start threads, which inherit the mask
+    # Library warnings (a missing kernel, a deprecation) would land between the table's rows:
+    # they are collected and printed after the footer instead.
+    with warnings.catch_warnings(record=True) as caught:
+        status = _run(args, plan, pin_problem)
+    seen = set()
+    for warning in caught:
+        text = f"{warning.category.__name__}: {warning.message}"
+        if text not in seen:
+            seen.add(text)
+            where = f"{warning.filename}:{warning.lineno}"
+            print(f"denseccl.bench: warning during the run ({where}): {text}", file=sys.stderr)
+    return status
+
+
+def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
+    from . import meta  # noqa: PLC0415
     from .job import Job  # noqa: PLC0415 - imports mpi4py
+    from .plot import problem as plot_problem  # noqa: PLC0415
+    from .progress import Progress, Silent  # noqa: PLC0415
     from .runner import Settings, run_all  # noqa: PLC0415
     from .table import collective_title, footer, format_row, header  # noqa: PLC0415
 
     job = Job(args.backend)
+    lead = job.rank == 0
+    # Problems that only some ranks may see end the run on every rank, with one message.
+    problems = [f"rank {rank}: --pin: {text}" for rank, text in enumerate(job.world.allgather(pin_problem)) if text]
     if not 0 <= args.root < job.size:
-        if job.rank == 0:
-            print(f"denseccl.bench: root {args.root} is not a rank (0..{job.size - 1})", file=sys.stderr)
+        problems.append(f"root {args.root} is not a rank (0..{job.size - 1})")
+    if args.plot:
+        missing = job.world.bcast(plot_problem() if lead else None, root=0)
+        if missing:
+            problems.append(f"{missing}; nothing was run")
+    if problems:
+        if lead:
+            for text in problems:
+                print(f"denseccl.bench: {text}", file=sys.stderr)
+        job.close()
         return 2
     try:
         import torch  # noqa: PLC0415
@@ -108,15 +88,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ImportError:
         pass
     notes: List[str] = []
+    known: Tuple[str, ...]
     if args.backend == "mpi":
         from .contenders import HOST_CONTENDERS, host_contenders  # noqa: PLC0415
 
         known, make = HOST_CONTENDERS, host_contenders
     else:
-        problem = _gpu_problem()
-        if problem is not None:
-            if job.rank == 0:
-                print(f"denseccl.bench: --backend nccl needs a GPU: {problem}; use --backend mpi for host arrays", file=sys.stderr)
+        gpu = _gpu_problem()
+        if gpu is not None:
+            if lead:
+                print(f"denseccl.bench: --backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays",
+                      file=sys.stderr)
+            job.close()
             return 2
         from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
 
@@ -124,21 +107,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         names = cv.expand(args.contenders, known, str.lower)
     except ValueError as error:
-        if job.rank == 0:
+        if lead:
             print(f"denseccl.bench: --contenders: {error}", file=sys.stderr)
+        job.close()
         return 2
-    contenders = make(job, names, checks, notes)
-    lead = job.rank == 0
+    contenders = make(job, names, plan.agreement, notes)
+    info = meta.gather(job.world)
+    found_versions = meta.version_info() if lead else {}
+    progress = Progress(args.progress) if lead else Silent()
 
     def say(line: str) -> None:
         if lead:
+            progress.printed()
             print(line, flush=True)
 
+    sizes = plan.sizes
     say("# denseccl.bench: nccl-tests-style collectives on dense layouts")
-    say(f"#  nranks {job.size}  backend {args.backend}  check {args.check}  iters {args.iters}  warmup {args.warmup_iters}"
+    say(f"#  nranks {job.size}  backend {args.backend}  agreement {args.agreement}  iters {args.iters}"
+        f"  warmup_iters {args.warmup_iters}  check {args.check}"
+        f"  average {args.average} ({options.AVERAGES[args.average]})"
         f"  rounds {args.rounds} (median round; contenders alternate)")
-    say(f"#  sizes {sizes[0]}..{sizes[-1]} B  layouts {','.join(layouts)}  contenders {','.join(c.name for c in contenders)}")
-    say("#  time: mean per-iteration time after warm-up, averaged across ranks; GB = 1e9 B; all calls in place")
+    for line in meta.header_lines(info, found_versions, plan.pin):
+        say(line)
+    say(f"#  sizes {sizes[0]}..{sizes[-1]} B ({len(sizes)})  layouts {','.join(plan.layouts)}"
+        f"  contenders {','.join(c.name for c in contenders)}")
+    say("#  time: per-iteration time after warm-up, combined across ranks by -a; GB = 1e9 B; all calls in place")
     say("#  (allgather and reduce_scatter write a separate output); count is per rank for allgather/reduce_scatter")
     say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
     for note in notes:
@@ -154,27 +147,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     started = time.perf_counter()
     rows = run_all(job, contenders, Settings(
-        collectives=collectives, dtypes=dtypes, ops=ops, sizes=sizes, layouts=layouts, root=args.root,
-        iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds, memcheck=args.memcheck,
-        shared_memory=args.memory == "shared",
+        collectives=plan.collectives, dtypes=plan.dtypes, ops=plan.ops, sizes=sizes, layouts=plan.layouts,
+        root=args.root, iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds, memcheck=args.memcheck,
+        shared_memory=args.memory == "shared", check=args.check, average=args.average, progress=progress,
     ), cv.ITEMSIZES, emit)
     for line in footer(rows):
         say(line)
     failed = any(row.get("denseccl") and (row.get("error") or row.get("wrong")) for row in rows)
     if lead:
         if args.json:
-            meta = {
-                "nranks": job.size, "backend": args.backend, "check": args.check, "iters": args.iters,
-                "warmup": args.warmup_iters, "rounds": args.rounds, "seconds": time.perf_counter() - started,
-                "host": os.uname().nodename, "skipped": notes,
+            described = {
+                "nranks": job.size, "backend": args.backend, "agreement": args.agreement, "check": args.check,
+                "iters": args.iters, "warmup": args.warmup_iters, "rounds": args.rounds,
+                "seconds": time.perf_counter() - started, "host": os.uname().nodename, "skipped": notes,
+                "versions": found_versions, "settings": options.described(args), **info,
             }
             with open(args.json, "w") as handle:
-                json.dump({"meta": meta, "rows": rows}, handle, indent=1, default=str)
+                json.dump({"meta": described, "rows": rows}, handle, indent=1, default=str)
         if args.plot:
             from .plot import PlotUnavailable, plot  # noqa: PLC0415
 
             try:
-                plot(rows, args.plot, f"denseccl.bench, {job.size} ranks, backend {args.backend}")
+                plot(rows, args.plot, f"denseccl.bench, {job.size} ranks, backend {args.backend}", nranks=job.size,
+                     logy=args.logy)
             except PlotUnavailable as error:
                 print(f"denseccl.bench: {error}", file=sys.stderr)
     job.close()

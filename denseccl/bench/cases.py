@@ -108,7 +108,7 @@ class Case(NamedTuple):
     dtype: str
     op: Optional[str]
     root: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count, as nccl-tests names it
     layout: str
     nranks: int
     rank: int

@@ -26,7 +26,8 @@ from .libs import NumpyLib, TorchLib, Unsupported
 class Run:
     """One contender's buffers for one case."""
 
-    def __init__(self, lib: Any, step: Callable[[], Any], inputs: Sequence[Any], output: Any, keep_non_root: bool = True) -> None:
+    def __init__(self, lib: Any, step: Callable[[], Any], inputs: Sequence[Any], output: Any,
+                 keep_non_root: bool = True) -> None:
         self.lib = lib
         self.step = step
         self.inputs = list(inputs)
@@ -153,7 +154,8 @@ class Naive(Contender):
         return Run(lib, *_mpi_steps(self.job, case, lib, naive=True, arena=arena))
 
 
-def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool, arena: Optional[cases.Arena] = None):  # type: ignore[no-untyped-def]
+def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool,  # type: ignore[no-untyped-def]
+               arena: Optional[cases.Arena] = None):
     """``(step, inputs, output)`` for raw mpi4py; with ``naive`` the arrays have the case's
     layout and every call copies to contiguous and back, allocating as a user would."""
     MPI, world = job.MPI, job.world

@@ -92,24 +92,30 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str) -> int:
-    """``4096``, ``4K``, ``64M``, ``1G`` (binary units, as nccl-tests) -> bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMGkmg]?)(?:i?[Bb])?\s*", text)
+    """``4096``, ``4K``, ``1.5M``, ``1G`` (binary units, any case, as nccl-tests' ``parsesize``;
+    ``KiB``/``KB`` too) -> bytes, rounded down."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGkmg]?)(?:i?[Bb])?\s*", text)
     if match is None:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 4K, 64M, 1G)")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 4K, 1.5M, 1G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
-def sizes(minimum: int, maximum: int, factor: float = 2.0, increment: int = 0) -> List[int]:
-    """Test sizes from ``minimum`` to ``maximum``: multiplied by ``factor`` each step, or
-    increased by ``increment`` when it is non-zero (nccl-tests ``-f`` / ``-i``)."""
+def sizes(minimum: int, maximum: int, factor: float = 1.0, increment: int = 1 << 20) -> List[int]:
+    """Test sizes from ``minimum`` to ``maximum`` as nccl-tests steps them: multiplied by
+    ``factor`` when it is > 1 (``-f``), else increased by ``increment`` bytes (``-i``)."""
     if minimum <= 0 or maximum < minimum:
-        raise ValueError(f"need 0 < minimum <= maximum, got {minimum} and {maximum}")
-    if increment == 0 and factor <= 1:
-        raise ValueError(f"the step factor must be > 1, got {factor}")
+        raise ValueError(f"need 0 < minbytes <= maxbytes, got {minimum} and {maximum}")
+    if factor <= 1 and increment <= 0 and maximum > minimum:
+        raise ValueError(f"with -f {factor:g} the sizes grow by -i bytes, which must be > 0 (got {increment})")
     found, size = [], minimum
     while size <= maximum:
         found.append(size)
-        size = size + increment if increment else int(size * factor) if int(size * factor) > size else size + 1
+        if factor > 1:
+            size = max(int(size * factor), size + 1)
+        elif increment > 0:
+            size += increment
+        else:
+            break
     return found
 
 
@@ -117,7 +123,8 @@ def dtype_name(text: str) -> str:
     """A dtype given as numpy or nccl-tests name -> the numpy-style name."""
     name = _TYPE_ALIASES.get(text.strip().lower())
     if name is None:
-        raise ValueError(f"unknown type {text!r}; use one of {', '.join(TYPE_NAMES)} (or nccl-tests names: float, half, double, ...)")
+        raise ValueError(f"unknown type {text!r}; use one of {', '.join(TYPE_NAMES)} "
+                         "(or nccl-tests names: float, half, double, ...)")
     return name
 
 

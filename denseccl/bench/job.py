@@ -44,22 +44,26 @@ class Job:
 
     def torch_group(self, backend: str) -> Any:
         """A torch.distributed group of all ranks with ``backend`` ("gloo", "nccl",
-        "denseccl"). The default group is gloo, rendezvous on a localhost TCP port that rank 0
-        picks and broadcasts over MPI."""
+        "denseccl"). The default group is gloo; its rendezvous is a TCPStore that rank 0 opens
+        on a free port of its host, told to the others over MPI: loopback when every rank shares
+        rank 0's host, rank 0's host name otherwise (``GLOO_SOCKET_IFNAME`` picks gloo's
+        interface, as usual)."""
         import torch.distributed as dist  # noqa: PLC0415
 
         if not self._torch_ready:
-            port = None
+            hosts = self.world.allgather(socket.gethostname())
+            one_host = len(set(hosts)) == 1
+            address = "127.0.0.1" if one_host else hosts[0]
+            wait = datetime.timedelta(seconds=120)
+            store = None
             if self.rank == 0:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", 0))
-                    port = probe.getsockname()[1]
-            port = self.world.bcast(port, root=0)
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=self.rank, world_size=self.size,
-                timeout=datetime.timedelta(seconds=120),
-            )
+                store = dist.TCPStore(address, 0, self.size, is_master=True, timeout=wait, wait_for_workers=False)
+            port = self.world.bcast(store.port if store is not None else None, root=0)
+            if store is None:
+                store = dist.TCPStore(address, port, self.size, is_master=False, timeout=wait)
+            if one_host:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.size, timeout=wait)
             self._torch_ready = True
         group = self._torch_groups.get(backend)
         if group is None:

@@ -39,11 +39,13 @@ def scaling(runs: Sequence[Dict[str, Any]]) -> str:
         for row in run["rows"]:
             if row.get("error"):
                 continue
-            key = (NCCL_TESTS_NAMES[row["collective"]], TYPE_NAMES.get(row["type"], row["type"]), row["layout"], row["contender"], row["size"])
+            key = (NCCL_TESTS_NAMES[row["collective"]], TYPE_NAMES.get(row["type"], row["type"]), row["layout"],
+                   row["contender"], row["size"])
             table.setdefault(key, {})[n] = row["busbw"]
     lines = ["| collective | type | layout | contender | size | " + " | ".join(f"{n} ranks" for n in columns) + " |",
              "|---|---|---|---|---:|" + "---:|" * len(columns)]
-    for (collective, dtype, layout, contender, size), values in sorted(table.items(), key=lambda kv: (kv[0][:4], kv[0][4])):
+    ordered = sorted(table.items(), key=lambda kv: (kv[0][:4], kv[0][4]))
+    for (collective, dtype, layout, contender, size), values in ordered:
         cells = [f"{values[n]:.2f}" if n in values else "" for n in columns]
         lines.append(f"| {collective} | {dtype} | {layout} | {contender} | {_size(size)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -69,7 +71,8 @@ def ratio(run: Dict[str, Any], first: str, second: str) -> str:
     lines = [f"| collective | type | size | {first} (us) | {second} (us) | ratio |", "|---|---|---:|---:|---:|---:|"]
     for key in sorted(set(a) & set(b), key=lambda k: (k[0], k[1], str(k[2]), k[3])):
         collective, dtype, op, size = key
-        lines.append(f"| {(NCCL_TESTS_NAMES[collective] + ' ' + (op or '')).strip()} | {TYPE_NAMES.get(dtype, dtype)} | {_size(size)} | "
+        name = (NCCL_TESTS_NAMES[collective] + " " + (op or "")).strip()
+        lines.append(f"| {name} | {TYPE_NAMES.get(dtype, dtype)} | {_size(size)} | "
                      f"{a[key]['time_us']:.1f} | {b[key]['time_us']:.1f} | {_ratio(a[key], b[key]):.2f} |")
     return "\n".join(lines)
 
@@ -77,14 +80,16 @@ def ratio(run: Dict[str, Any], first: str, second: str) -> str:
 def types(run: Dict[str, Any], base: str = "float32") -> str:
     """time of each type over ``base``'s, at the same collective, layout, contender and size
     (bytes), i.e. the inverse ratio of their bus bandwidths."""
-    rows = {(r["collective"], r["layout"], r["contender"], r["size"], r["type"]): r for r in run["rows"] if not r.get("error")}
+    rows = {(r["collective"], r["layout"], r["contender"], r["size"], r["type"]): r
+            for r in run["rows"] if not r.get("error")}
     lines = ["| collective | layout | contender | size | type | time (us) | vs " + TYPE_NAMES.get(base, base) + " |",
              "|---|---|---|---:|---|---:|---:|"]
     for (collective, layout, contender, size, dtype), row in sorted(rows.items()):
         reference = rows.get((collective, layout, contender, size, base))
         if reference is None or dtype == base:
             continue
-        lines.append(f"| {NCCL_TESTS_NAMES[collective]} | {layout} | {contender} | {_size(size)} | {TYPE_NAMES.get(dtype, dtype)} | "
+        lines.append(f"| {NCCL_TESTS_NAMES[collective]} | {layout} | {contender} | {_size(size)} | "
+                     f"{TYPE_NAMES.get(dtype, dtype)} | "
                      f"{row['time_us']:.1f} | {_ratio(row, reference):.2f} |")
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
-"""The benchmark loop: for every collective, type, op, size and layout, verify each contender
-once on deterministic inputs (``#wrong``), then time them in alternating rounds."""
+"""The benchmark loop: for every collective, type, op, size and layout, check each contender on
+deterministic inputs (``#wrong``; ``-c`` times, or one unchecked call with ``-c 0``), then time
+them in alternating rounds."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from . import cases
 from .cases import Case
 from .contenders import Contender, Run
-from .conventions import REDUCING, ROOTED, bandwidths, count_for, size_of
+from .conventions import NCCL_TESTS_NAMES, REDUCING, ROOTED, bandwidths, count_for, size_of
 from .job import Job
 from .libs import Unsupported
+from .progress import Silent
 from .timing import median, rounds
 
 Row = Dict[str, Any]
@@ -22,7 +24,7 @@ class Settings:
 
     def __init__(self, *, collectives: Sequence[str], dtypes: Sequence[str], ops: Sequence[str], sizes: Sequence[int],
                  layouts: Sequence[str], root: int, iterations: int, warmup: int, rounds: int, memcheck: bool,
-                 shared_memory: bool = True) -> None:
+                 shared_memory: bool = True, check: int = 1, average: int = 1, progress: Any = None) -> None:
         self.collectives = list(collectives)
         self.dtypes = list(dtypes)
         self.ops = list(ops)
@@ -34,12 +36,31 @@ class Settings:
         self.rounds = rounds
         self.memcheck = memcheck
         self.shared_memory = shared_memory
+        #: nccl-tests' -c: check iterations per case (0: one unchecked call, #wrong N/A)
+        self.check = check
+        #: nccl-tests' -a: how ranks' times combine
+        self.average = average
+        self.progress = progress if progress is not None else Silent()
 
 
-def verify(job: Job, case: Case, run: Run, memcheck: bool) -> Tuple[int, Optional[int]]:
-    """Run once on deterministic inputs; return (#wrong on this rank, peak bytes traced by
-    tracemalloc during the call when ``memcheck``)."""
-    run.load(cases.source_values(case))
+def verify(job: Job, case: Case, run: Run, memcheck: bool, check: int = 1) -> Tuple[Optional[int], Optional[int]]:
+    """Run ``check`` times on deterministic inputs, stopping at the first wrong result (as
+    nccl-tests' ``-c``); return (#wrong on this rank, peak bytes traced by tracemalloc during
+    the first call when ``memcheck``). With ``check`` 0 the inputs are zeros and the one call
+    only has to succeed: #wrong is None."""
+    wrong: Optional[int] = None
+    peak: Optional[int] = None
+    for attempt in range(max(check, 1)):
+        found, traced = _verify_once(job, case, run, memcheck and attempt == 0, check > 0)
+        peak = traced if attempt == 0 else peak
+        wrong = found
+        if found:
+            break
+    return wrong, peak
+
+
+def _verify_once(job: Job, case: Case, run: Run, memcheck: bool, compare: bool) -> Tuple[Optional[int], Optional[int]]:
+    run.load(cases.source_values(case) if compare else None)
     run.sync()
     job.world.Barrier()
     peak = None
@@ -54,6 +75,8 @@ def verify(job: Job, case: Case, run: Run, memcheck: bool) -> Tuple[int, Optiona
     else:
         run.step()
         run.sync()
+    if not compare:
+        return None, peak
     if case.collective == "reduce" and job.rank != case.root and not run.keep_non_root:
         return 0, peak
     return cases.count_wrong(case, run.result(), cases.expected(case)), peak
@@ -67,14 +90,15 @@ def _key(row: Row) -> Tuple[str, str, str]:
     return (row["type"], row["layout"], row["contender"])
 
 
-def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], settings: Settings, itemsizes: Dict[str, int]) -> List[Row]:
+def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], settings: Settings,
+              itemsizes: Dict[str, int]) -> List[Row]:
     """Rows for cases that differ only in element type and layout (one collective, op and
     size): every contender is verified on every case, then all of them are timed together in
     alternating rounds, so that any two rows of the group can be compared round by round."""
     rows: List[Row] = []
     timed: List[Tuple[Tuple[str, str, str], Run]] = []
     arena = cases.Arena() if settings.shared_memory else None
-    for case in group:
+    for number, case in enumerate(group):
         size = size_of(case.collective, case.count, itemsizes[case.dtype], case.nranks)
         base = {
             "collective": case.collective, "size": size, "count": case.count, "type": case.dtype,
@@ -87,10 +111,12 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
             row: Row = dict(base, contender=contender.name, denseccl=contender.denseccl)
             run: Optional[Run] = None
             error: Optional[str] = None
-            wrong, peak = 0, None
+            wrong: Optional[int] = None
+            peak: Optional[int] = None
+            settings.progress.at(f"checking case {number + 1}/{len(group)}, {contender.name}")
             try:
                 run = contender.prepare(case, arena)
-                wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl)
+                wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl, settings.check)
             except Unsupported as reason:
                 error = f"unsupported: {reason}"
             except Exception as failure:  # noqa: BLE001 - reported in the row, on every rank
@@ -102,7 +128,7 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
                 row.update(error=messages[0], wrong=None, time_us=float("nan"), algbw=float("nan"), busbw=float("nan"))
                 rows.append(row)
                 continue
-            row["wrong"] = job.total(wrong)
+            row["wrong"] = None if settings.check == 0 else job.total(wrong or 0)
             if settings.memcheck and contender.denseccl:
                 row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
             assert run is not None
@@ -110,7 +136,8 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
             timed.append((_key(row), run))
             rows.append(row)
     if timed:
-        times = rounds(job, timed, settings.iterations, settings.warmup, settings.rounds)
+        times = rounds(job, timed, settings.iterations, settings.warmup, settings.rounds, settings.average,
+                       settings.progress.at)
         for row in rows:
             if row.get("error"):
                 continue
@@ -130,12 +157,15 @@ def run_all(job: Job, contenders: Sequence[Contender], settings: Settings, items
     for collective in settings.collectives:
         for op in (settings.ops if collective in REDUCING else [None]):
             emit("block", (collective, op))
-            for size in settings.sizes:
-                group = []
+            for number, size in enumerate(settings.sizes):
+                settings.progress.enter(f"{NCCL_TESTS_NAMES[collective]} {op or ''} {size} B (size {number + 1}/"
+                                        f"{len(settings.sizes)})".replace("  ", " "))
+                group: List[Case] = []
                 for dtype in settings.dtypes:
                     count = count_for(collective, size, itemsizes[dtype], job.size)
                     if count:
-                        group.extend(Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank) for layout in settings.layouts)
+                        group.extend(Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank)
+                                     for layout in settings.layouts)
                 for row in run_group(job, group, contenders, settings, itemsizes):
                     rows.append(row)
                     emit("row", row)

@@ -1,20 +1,33 @@
-"""Timing: the mean per-iteration time after warm-up, averaged across ranks (nccl-tests
-``-a 1``), measured in rounds that alternate between contenders; the row reports the median
-round, so that a noisy moment on a shared machine hits every contender alike."""
+"""Timing: the mean per-iteration time after warm-up, combined across ranks as nccl-tests'
+``-a`` says (default 1: the mean), measured in rounds that alternate between contenders; the
+row reports the median round, so that a noisy moment on a shared machine hits every contender
+alike."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
 from .contenders import Run
 from .job import Job
 
 
-def time_once(job: Job, run: Run, iterations: int, warmup: int) -> float:
-    """Seconds per iteration of ``run.step`` on this rank (device synchronised), averaged over
-    ranks. A barrier lines the ranks up before the clock starts."""
+def combine(job: Job, seconds: float, average: int = 1) -> float:
+    """One rank's seconds -> the job's, as nccl-tests' ``-a``: 0 rank 0's, 1 the mean over
+    ranks, 2 the minimum, 3 the maximum."""
+    if average == 0:
+        return float(job.world.bcast(float(seconds), root=0))
+    if average == 2:
+        return float(job.world.allreduce(float(seconds), op=job.MPI.MIN))
+    if average == 3:
+        return float(job.world.allreduce(float(seconds), op=job.MPI.MAX))
+    return job.mean(seconds)
+
+
+def time_once(job: Job, run: Run, iterations: int, warmup: int, average: int = 1) -> float:
+    """Seconds per iteration of ``run.step`` on this rank (device synchronised), combined over
+    ranks by :func:`combine`. A barrier lines the ranks up before the clock starts."""
     step = run.step
     for _ in range(warmup):
         step()
@@ -25,17 +38,24 @@ def time_once(job: Job, run: Run, iterations: int, warmup: int) -> float:
         step()
     run.sync()
     elapsed = (time.perf_counter() - start) / max(iterations, 1)
-    return job.mean(elapsed)
+    return combine(job, elapsed, average)
 
 
-def rounds(job: Job, runs: Sequence[Tuple[str, Run]], iterations: int, warmup: int, count: int) -> Dict[str, List[float]]:
-    """Per contender, the cross-rank mean seconds per iteration of each round. Round ``k``
-    starts with contender ``k mod len(runs)`` so that no contender always goes first."""
-    found: Dict[str, List[float]] = {name: [] for name, _ in runs}
+Key = TypeVar("Key", bound=Hashable)
+
+
+def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: int, count: int, average: int = 1,
+           tick: Optional[Callable[[str], None]] = None) -> Dict[Key, List[float]]:
+    """Per contender, the seconds per iteration of each round (combined over ranks). Round ``k``
+    starts with contender ``k mod len(runs)`` so that no contender always goes first. ``tick``
+    hears where the timing is (for progress lines)."""
+    found: Dict[Key, List[float]] = {name: [] for name, _ in runs}
     for k in range(count):
         for i in range(len(runs)):
             name, run = runs[(k + i) % len(runs)]
-            found[name].append(time_once(job, run, iterations, warmup))
+            if tick is not None:
+                tick(f"timing round {k + 1}/{count}, run {i + 1}/{len(runs)}")
+            found[name].append(time_once(job, run, iterations, warmup, average))
     return found
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
@@ -43,9 +44,36 @@ _NATIVE_TYPES = {"float16": 0, "bfloat16": 1}
 _NATIVE_KINDS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3}
 
 
+#: What a user sees when the compiled loops are missing (``python -m denseccl`` and the warning).
+MISSING_NATIVE = (
+    "the compiled float16/bfloat16 kernels (denseccl._half_kernels) were not built, so half-precision "
+    "reductions on MPI run on torch's kernels (when torch is imported) or NumPy's (up to 10x slower). "
+    "Reinstall where a C compiler is present: pip install --force-reinstall --no-deps --no-binary denseccl denseccl "
+    "(or launch/setup in a checkout); DENSECCL_HOST_KERNELS=torch or numpy chooses a fallback on purpose"
+)
+
+
+class HalfKernelsWarning(UserWarning):
+    """The compiled half-precision loops are missing and a slower fallback runs (said once)."""
+
+
+_warned = False
+
+
 def native_available() -> bool:
     """Whether the compiled half-precision loops were built and imported."""
     return _native is not None
+
+
+def _warn_fallback() -> None:
+    """Say once per process that half types fall back to slower kernels, unless the fallback
+    was chosen on purpose (``DENSECCL_HOST_KERNELS=torch|numpy``). Called where half-precision
+    work is set up, never from inside an MPI callback."""
+    global _warned
+    if _warned or _native is not None or KERNELS not in ("auto", "native"):
+        return
+    _warned = True
+    warnings.warn(f"denseccl: {MISSING_NATIVE}", HalfKernelsWarning, stacklevel=3)
 
 
 def _use_native(*arrays: np.ndarray) -> bool:
@@ -72,7 +100,7 @@ def host_view(pointer: int, count: int, dtype: DType) -> np.ndarray:
     if count == 0:
         return np.empty(0, storage_dtype(dtype))
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
-    return np.frombuffer(raw, storage_dtype(dtype))
+    return np.frombuffer(raw, storage_dtype(dtype))  # type: ignore[call-overload]  # ctypes arrays are buffers
 
 
 class _Scratch(threading.local):
@@ -199,6 +227,7 @@ def _quiet() -> "np.errstate":
 
 def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, object], None]:
     """An MPI user-op function ``inout = in (op) inout`` for float16/bfloat16 elements."""
+    _warn_fallback()
     ufunc = _UFUNCS[kind]
     storage = storage_dtype(dtype)
     name = dtype.name
@@ -234,6 +263,8 @@ def _chunks(view: np.ndarray):  # type: ignore[no-untyped-def]
 
 def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DType) -> None:
     """``destination = source * factor`` in the dtype's arithmetic (may alias exactly)."""
+    if dtype.name in _HALVES:
+        _warn_fallback()
     if dtype.name in _HALVES and _use_native(destination, source):
         _native.scale(_NATIVE_TYPES[dtype.name], 0, _address(source), _address(destination), source.size, factor)
     elif dtype.name in _HALVES:
@@ -251,6 +282,8 @@ def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DTy
 
 def divide(view: np.ndarray, divisor: int, dtype: DType) -> None:
     """``view /= divisor`` in place; integers truncate toward zero, as NCCL's average does."""
+    if dtype.name in _HALVES:
+        _warn_fallback()
     if dtype.name in _HALVES and _use_native(view):
         _native.scale(_NATIVE_TYPES[dtype.name], 1, _address(view), _address(view), view.size, float(divisor))
     elif dtype.name in _HALVES:
@@ -285,4 +318,7 @@ def is_half(dtype: DType) -> bool:
     return dtype.name in _HALVES
 
 
-__all__: Tuple[str, ...] = ("host_view", "native_available", "half_reduction", "scale", "divide", "scaled_copy", "is_half", "storage_dtype")
+__all__: Tuple[str, ...] = (
+    "HalfKernelsWarning", "MISSING_NATIVE", "host_view", "native_available", "half_reduction", "scale", "divide",
+    "scaled_copy", "is_half", "storage_dtype",
+)

@@ -197,7 +197,7 @@ bench() {  # name, cap, ranks, bench arguments...
 if ! has mpi; then
   record "SKIP bench: mpi4py has no MPI library here (the benchmark's job runs on MPI); carry mpich: tests/gpu/fetch_wheels.sh"
 else
-  common=(-m denseccl.bench --backend nccl -c allreduce,allgather,reduce_scatter -n 10 -w 2 --rounds 2)
+  common=(-m denseccl.bench --backend nccl --collective allreduce,allgather,reduce_scatter -n 10 -w 2 --rounds 2)
   bench one-rank 110 1 "${common[@]}" -b 4K -e 256M -f 4 --layouts all --json "$work/bench-1.json"
   if [ "$mode" = no ]; then
     record "SKIP bench two-ranks: two ranks cannot run here"

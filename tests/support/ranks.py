@@ -7,19 +7,29 @@ every rank's output.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def mpiexec() -> str:
-    """The mpiexec beside the running interpreter (the venv's), else the one on PATH."""
+    """The mpiexec the rank tests start: ``DENSECCL_TEST_MPIEXEC`` when set (e.g. a cluster's
+    module-loaded one), else the one beside the running interpreter (the venv's), else the one
+    on PATH."""
+    chosen = os.environ.get("DENSECCL_TEST_MPIEXEC")
+    if chosen:
+        found = shutil.which(chosen)
+        if found is None:
+            raise RuntimeError(f"DENSECCL_TEST_MPIEXEC={chosen!r} is not an executable")
+        return found
     beside = Path(sys.executable).with_name("mpiexec")
     if beside.exists():
         return str(beside)
@@ -27,6 +37,23 @@ def mpiexec() -> str:
     if found is None:
         raise RuntimeError("no mpiexec: install the mpi extra (pip install 'denseccl[mpi]') or run launch/setup")
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def flavour(path: str) -> str:
+    """"openmpi" or "mpich" (hydra, and launchers that take its options), from ``--version``."""
+    text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    return "openmpi" if re.search(r"Open MPI|OpenRTE|PRRTE", text) else "mpich"
+
+
+def launch(path: str, nranks: int) -> Tuple[List[str], Dict[str, str]]:
+    """The command prefix that starts ``nranks`` local ranks with the mpiexec at ``path``, and
+    the environment it needs. Open MPI refuses more ranks than cores without
+    ``--oversubscribe``, and refuses to run as root without its two variables."""
+    if flavour(path) == "openmpi":
+        env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
+        return [path, "--oversubscribe", "-n", str(nranks)], env
+    return [path, "-n", str(nranks)], {}
 
 
 def run_ranks(
@@ -45,8 +72,10 @@ def run_ranks(
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.setdefault("DENSECCL_TIMEOUT", "60")
+    prefix, needs = launch(mpiexec(), nranks)
+    environment.update(needs)
     environment.update(env or {})
-    command = [mpiexec(), "-n", str(nranks), sys.executable, str(script), *map(str, args)]
+    command = [*prefix, sys.executable, str(script), *map(str, args)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
     )
