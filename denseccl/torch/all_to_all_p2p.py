@@ -10,13 +10,12 @@ they are inconsistent.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch._C._distributed_c10d as c10d
 
-from ..agreement import Descriptor, agree
+from ..agreement import Descriptor
 from ..errors import LayoutError, MismatchError
 from ._issue import Issue
 from .progress import RequestStep, WorkStep
@@ -120,18 +119,15 @@ def _agree_on_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, proble
     host = group.host_communicator
     assert host is not None
     size = host.size
-    deadline = None if host.timeout is None else time.monotonic() + host.timeout
-    key = (plan.get("dtype", ""), tuple(plan.get("row", ())), ()) if problem is None else None
-    descriptor = Descriptor(what, None, None, key)  # type: ignore[arg-type]
-    if host.check and size > 1:
-        host._guard(agree, host.control, descriptor, deadline, problem)
-    if problem is not None:  # check off: raised here alone, as the core does
-        raise problem
+    if problem is not None:  # every rank raises (with the check off: this rank alone, as the core does)
+        host.flow.fail(what, problem)
+    key = (plan.get("dtype", ""), tuple(plan.get("row", ())), ())
+    host.flow.agree(Descriptor(what, None, None, key))  # type: ignore[arg-type]
     rank = host.rank
     rows = [-1] * (2 * size * size)
     rows[rank * size : (rank + 1) * size] = plan["send"]
     rows[size * size + rank * size : size * size + (rank + 1) * size] = plan["recv"]
-    every = host._guard(host.control.allreduce_max, rows, deadline)
+    every = host.flow.start(host.control.allreduce_max, rows, host.flow.deadline())
     sends = [every[r * size : (r + 1) * size] for r in range(size)]
     receives = [every[size * size + r * size : size * size + (r + 1) * size] for r in range(size)]
     lines = [
