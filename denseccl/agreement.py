@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
@@ -47,19 +48,11 @@ class Descriptor(NamedTuple):
         return " ".join(words)
 
 
-_DIGESTS: Dict[Descriptor, int] = {}
-
-
+@lru_cache(maxsize=4096)
 def digest(descriptor: Descriptor) -> int:
     """A 63-bit digest, stable across processes (unlike ``hash`` of strings)."""
-    found = _DIGESTS.get(descriptor)
-    if found is None:
-        raw = hashlib.blake2b(repr(tuple(descriptor)).encode(), digest_size=8).digest()
-        found = int.from_bytes(raw, "little") >> 1
-        if len(_DIGESTS) > 4096:
-            _DIGESTS.clear()
-        _DIGESTS[descriptor] = found
-    return found
+    raw = hashlib.blake2b(repr(tuple(descriptor)).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 1
 
 
 def agree(
