@@ -65,14 +65,14 @@ def init(**options: object) -> denseccl.Communicator:
     return denseccl.init(backend="nccl", **options)  # type: ignore[arg-type]
 
 
-def ones(n: int = 4, value: float = 1.0):  # noqa: ANN201
+def ones(n: int = 4, value: float = 1.0):
     return cupy_from_host(np.full(n, value, np.float32))
 
 
 # -- scenarios --------------------------------------------------------------------------------
 
 
-def probe(comm) -> None:  # noqa: ANN001
+def probe(comm) -> None:
     x = ones()
     comm.allreduce(x)
     check(np.all(cupy_to_host(x) == comm.size), f"probe: {cupy_to_host(x)}")
@@ -84,7 +84,7 @@ def probe(comm) -> None:  # noqa: ANN001
          hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
 
 
-def run_matrix(comm) -> None:  # noqa: ANN001
+def run_matrix(comm) -> None:
     from denseccl.transports.nccl_tables import FP8_SINCE
 
     started = time.monotonic()
@@ -93,7 +93,7 @@ def run_matrix(comm) -> None:  # noqa: ANN001
     emit("matrix", seconds=round(time.monotonic() - started, 1), **report.summary())
 
 
-def mismatch(comm) -> None:  # noqa: ANN001
+def mismatch(comm) -> None:
     import cupy
 
     rank = comm.rank
@@ -124,15 +124,15 @@ def mismatch(comm) -> None:  # noqa: ANN001
 class _Spy:
     """Wraps the NcclCommunicator to record the stream argument of every call."""
 
-    def __init__(self, inner) -> None:  # noqa: ANN001
+    def __init__(self, inner) -> None:
         self.inner = inner
         self.streams: list = []
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         attribute = getattr(self.inner, name)
         if name in ("allReduce", "reduce", "broadcast", "allGather", "reduceScatter"):
 
-            def call(*args):  # noqa: ANN002, ANN202
+            def call(*args):
                 self.streams.append(args[-1])
                 return attribute(*args)
 
@@ -140,7 +140,7 @@ class _Spy:
         return attribute
 
 
-def streams(comm) -> None:  # noqa: ANN001
+def streams(comm) -> None:
     import cupy
 
     spy = _Spy(comm.transport.comm)
@@ -179,7 +179,7 @@ def streams(comm) -> None:  # noqa: ANN001
     emit("streams", ok=not FAILURES)
 
 
-def split(comm) -> None:  # noqa: ANN001
+def split(comm) -> None:
     rank, size = comm.rank, comm.size
     try:
         part = comm.split(0, key=-rank)
@@ -198,13 +198,13 @@ def split(comm) -> None:  # noqa: ANN001
     emit("split", ok=not FAILURES)
 
 
-def _shared_store():  # noqa: ANN202
+def _shared_store():
     from denseccl import nccl_bootstrap
 
     return next(iter(nccl_bootstrap._STORES.values()), None)
 
 
-def faults(comm) -> None:  # noqa: ANN001
+def faults(comm) -> None:
     """Rank 0 meets three kinds of peer that never join; the other ranks stay alive (but idle)
     until rank 0 is done, so that NCCL sees a hang, not a closed connection."""
     rank = comm.rank
@@ -262,7 +262,7 @@ def faults(comm) -> None:  # noqa: ANN001
 HANG_GATE = 5.0  # seconds a host function blocks each stream (ncclCommAbort may wait for it)
 
 
-def hang1(comm) -> None:  # noqa: ANN001
+def hang1(comm) -> None:
     """One rank: a stream blocked by a host function stands in for a peer that never comes."""
     import cupy
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.gpu.support import inner_timeout, spawn_ranks  # noqa: E402
+from tests.gpu.support import inner_timeout, spawn_ranks
 
 
 def attempt(split_hosts: bool) -> dict:

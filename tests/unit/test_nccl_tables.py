@@ -4,7 +4,6 @@ libnccl where the library is installed."""
 
 from __future__ import annotations
 
-import math
 import struct
 import warnings
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -205,7 +205,7 @@ def run_mismatch(comm, check: Checker, scenario: Scenario, deviants: List[int]) 
                 check.check(f"{ranks_text(others)}: " in text, f"{what}: good ranks {others} not listed: {text!r}")
             else:
                 headline = text.split("\n")[0]
-                check.check(f"ranks disagree on" in headline and scenario.field in headline, f"{what}: field {scenario.field!r} not named: {headline!r}")
+                check.check("ranks disagree on" in headline and scenario.field in headline, f"{what}: field {scenario.field!r} not named: {headline!r}")
                 lines = text.split("\n")
                 check.check(any(line.strip().startswith(f"{ranks_text(deviants)}: ") and (scenario.odd or "") in line for line in lines),
                             f"{what}: deviants' descriptor not listed: {text!r}")
@@ -225,7 +225,6 @@ def run_mismatch(comm, check: Checker, scenario: Scenario, deviants: List[int]) 
 
 def run_agreeing(comm, check: Checker, use_torch: bool) -> None:
     rank, size = comm.rank, comm.size
-    total = sum(range(size)) * 100
 
     # size-1 dims with different odd strides on every rank: same key, so they agree
     odd = [(3, 4 + 3 * rank, 1), (3, -rank - 2, 1), (3, 0, 1)][rank % 3]

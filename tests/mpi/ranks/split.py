@@ -54,7 +54,7 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a rank reports every failure and exits nonzero
         import traceback
 
         traceback.print_exc()
