@@ -33,7 +33,10 @@ class Descriptor(NamedTuple):
 
     def fields(self) -> Dict[str, object]:
         dtype, shape, strides = self.key if self.key is not None else (None, None, None)
-        return {"collective": self.collective, "root": self.root, "op": self.op, "dtype": dtype, "shape": shape, "layout": strides}
+        return {
+            "collective": self.collective, "root": self.root, "op": self.op,
+            "dtype": dtype, "shape": shape, "layout": strides,
+        }
 
     def describe(self) -> str:
         words = [self.collective]
@@ -68,7 +71,9 @@ def agree(
         disagree(control, descriptor, deadline, invalid)
 
 
-def disagree(control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None) -> NoReturn:
+def disagree(
+    control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None
+) -> NoReturn:
     """The second step, taken by every rank once ``all_equal`` has said no: exchange the full
     descriptors and raise the same report everywhere (``invalid`` itself on its own rank)."""
     mine = {"descriptor": list(descriptor), "invalid": _error_text(invalid)}

@@ -42,11 +42,14 @@ def nccl_missing() -> Optional[str]:
         import cupy  # noqa: PLC0415 - optional dependency
     except ImportError as error:
         return (
-            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with {INSTALL_HINT}; "
-            "for host arrays use denseccl.init(backend='mpi')"
+            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with "
+            f"{INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
         )
     except Exception as error:  # noqa: BLE001 - a broken CUDA install can fail in many ways
-        return f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); reinstall it with {INSTALL_HINT}"
+        return (
+            f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); "
+            f"reinstall it with {INSTALL_HINT}"
+        )
     problems = []
     try:
         gpu = bool(cupy.is_available())

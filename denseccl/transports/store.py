@@ -130,7 +130,9 @@ class SoloControl(ControlChannel):
         return None if color is None else SoloControl()
 
 
-def tcp_store(host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = 300.0) -> Any:
+def tcp_store(
+    host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = 300.0
+) -> Any:
     """A torch ``TCPStore`` client (and, on rank 0 unless ``is_master`` says otherwise, the
     server) at ``host:port``. torch is imported only here."""
     try:
@@ -138,7 +140,8 @@ def tcp_store(host: str, port: int, rank: int, size: int, *, is_master: Optional
     except ImportError as error:
         raise DenseCCLError(
             f"a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) needs torch's TCPStore to "
-            f"exchange the NCCL unique id ({error}); install torch, or launch with mpiexec (pip install 'denseccl[mpi]')"
+            f"exchange the NCCL unique id ({error}); install torch, or launch with mpiexec "
+            "(pip install 'denseccl[mpi]')"
         ) from None
     master = rank == 0 if is_master is None else is_master
     return TCPStore(host, int(port), size, master, timeout=timedelta(seconds=timeout), wait_for_workers=False)

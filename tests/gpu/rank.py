@@ -60,7 +60,9 @@ def emit(scenario: str, **fields: object) -> None:
 
 
 def init(**options: object) -> denseccl.Communicator:
-    if not os.environ.get("WORLD_SIZE") and not any(os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
+    if not os.environ.get("WORLD_SIZE") and not any(
+        os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+    ):
         options.setdefault("size", 1)
     return denseccl.init(backend="nccl", **options)  # type: ignore[arg-type]
 
@@ -80,8 +82,8 @@ def probe(comm) -> None:
 
     from denseccl.transports.nccl_tables import version_string
 
-    emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device, nccl=version_string(nccl.get_version()),
-         hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
+    emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device,
+         nccl=version_string(nccl.get_version()), hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
 
 
 def run_matrix(comm) -> None:
@@ -225,7 +227,9 @@ def faults(comm) -> None:
         agreement.allreduce(xs[0])
         check(False, "faults: no CollectiveTimeoutError in the agreement step")
     except CollectiveTimeoutError:
-        check(2.5 < time.monotonic() - started < 30, f"faults: agreement timeout after {time.monotonic() - started:.1f} s")
+        check(
+            2.5 < time.monotonic() - started < 30, f"faults: agreement timeout after {time.monotonic() - started:.1f} s"
+        )
     try:
         agreement.allreduce(xs[0])
         check(False, "faults: a timed-out communicator still works")
@@ -246,7 +250,10 @@ def faults(comm) -> None:
     check(time.monotonic() - started < 2, "faults: a synchronous call blocked the host")
     while watched.broken is None and time.monotonic() - started < 30:
         time.sleep(0.1)
-    check(watched.broken is not None and "did not complete" in watched.broken, f"faults: watchdog verdict {watched.broken}")
+    check(
+        watched.broken is not None and "did not complete" in watched.broken,
+        f"faults: watchdog verdict {watched.broken}",
+    )
     try:
         watched.allreduce(xs[3])
         check(False, "faults: the watchdog-aborted communicator still works")
@@ -290,14 +297,20 @@ def hang1(comm) -> None:
         check(time.monotonic() - started < 1, "hang1: a synchronous call blocked the host")
         while second.broken is None and time.monotonic() - started < 20:
             time.sleep(0.05)
-        check(second.broken is not None and "did not complete" in second.broken, f"hang1: watchdog verdict {second.broken}")
+        check(
+            second.broken is not None and "did not complete" in second.broken,
+            f"hang1: watchdog verdict {second.broken}",
+        )
     finally:
         for gate in gates:
             gate.set()
     emit("hang1", ok=not FAILURES)
 
 
-SCENARIOS = {"probe": probe, "matrix": run_matrix, "mismatch": mismatch, "streams": streams, "split": split, "faults": faults, "hang1": hang1}
+SCENARIOS = {
+    "probe": probe, "matrix": run_matrix, "mismatch": mismatch, "streams": streams, "split": split, "faults": faults,
+    "hang1": hang1,
+}
 
 
 def main() -> None:

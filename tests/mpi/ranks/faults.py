@@ -130,7 +130,10 @@ def main() -> None:
         except denseccl.CommunicatorBrokenError as error:
             check.check("gave up" in str(error), f"paused rank: message {error}")
         except Exception as error:  # noqa: BLE001 - torch's Work wraps the error it carries
-            check.check(scenario == "torch-async" and "gave up" in str(error), f"paused rank raised {type(error).__name__}: {error}")
+            check.check(
+                scenario == "torch-async" and "gave up" in str(error),
+                f"paused rank raised {type(error).__name__}: {error}",
+            )
         check.check(pause.armed is False, "the pause was never reached")
     else:
         x = make(scenario, rank)
