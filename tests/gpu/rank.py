@@ -52,6 +52,14 @@ def check(condition: bool, what: str) -> None:
         FAILURES.append(what)
 
 
+def watchdog_verdict(comm, started: float, limit: float, pause: float, what: str) -> None:
+    """Wait (at most ``limit`` s after ``started``) until the watchdog marks ``comm`` broken,
+    then check that it did so for a call that did not complete."""
+    while comm.broken is None and time.monotonic() - started < limit:
+        time.sleep(pause)
+    check(comm.broken is not None and "did not complete" in comm.broken, f"{what}: watchdog verdict {comm.broken}")
+
+
 RANK = [0]
 
 
@@ -248,12 +256,7 @@ def faults(comm) -> None:
     started = time.monotonic()
     watched.allreduce(xs[2])  # synchronous call: returns at once, the GPU waits
     check(time.monotonic() - started < 2, "faults: a synchronous call blocked the host")
-    while watched.broken is None and time.monotonic() - started < 30:
-        time.sleep(0.1)
-    check(
-        watched.broken is not None and "did not complete" in watched.broken,
-        f"faults: watchdog verdict {watched.broken}",
-    )
+    watchdog_verdict(watched, started, 30, 0.1, "faults")
     try:
         watched.allreduce(xs[3])
         check(False, "faults: the watchdog-aborted communicator still works")
@@ -295,12 +298,7 @@ def hang1(comm) -> None:
         started = time.monotonic()
         second.allreduce(xs[1], stream=streams[1])
         check(time.monotonic() - started < 1, "hang1: a synchronous call blocked the host")
-        while second.broken is None and time.monotonic() - started < 20:
-            time.sleep(0.05)
-        check(
-            second.broken is not None and "did not complete" in second.broken,
-            f"hang1: watchdog verdict {second.broken}",
-        )
+        watchdog_verdict(second, started, 20, 0.05, "hang1")
     finally:
         for gate in gates:
             gate.set()
