@@ -245,19 +245,20 @@ class MPITransport(Transport):
         # The message of the last address: a loop over one array builds it once.
         last_address, last_message = 0, [fromaddress(0, 0), 0, mpi_type]
 
-        # One closure for every call shape: the library call bound once, with what goes before
-        # and after the message; this is the per-call fast path.
+        # One closure for every call shape; the shapes differ only in the library call made on the
+        # message, each a direct call with everything else bound here: this is the per-call fast path.
         mpi_op = None if kind is None else _mpi_op(kind, dtype)
-        before: Tuple[Any, ...] = ()
-        after: Tuple[Any, ...]
+        iallreduce, ireduce, ibcast = self.comm.Iallreduce, self.comm.Ireduce, self.comm.Ibcast
+        mpi_in_place = MPI.IN_PLACE
+        issue: Callable[[Any], Any]
         if collective == "allreduce":
-            call, before, after = self.comm.Iallreduce, (MPI.IN_PLACE,), (mpi_op,)
+            issue = lambda message: iallreduce(mpi_in_place, message, mpi_op)  # noqa: E731
         elif collective == "reduce" and self.rank == root:
-            call, before, after = self.comm.Ireduce, (MPI.IN_PLACE,), (mpi_op, root)
+            issue = lambda message: ireduce(mpi_in_place, message, mpi_op, root)  # noqa: E731
         elif collective == "reduce":
-            call, after = self.comm.Ireduce, (None, mpi_op, root)
+            issue = lambda message: ireduce(message, None, mpi_op, root)  # noqa: E731
         elif collective == "broadcast":
-            call, after = self.comm.Ibcast, (root,)
+            issue = lambda message: ibcast(message, root)  # noqa: E731
         else:
             return super().in_place(collective, count, dtype, op, root)
 
@@ -265,7 +266,7 @@ class MPITransport(Transport):
             nonlocal last_address, last_message
             if address != last_address:
                 last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-            return call(*before, last_message, *after).Test
+            return issue(last_message).Test
 
         return start
 
