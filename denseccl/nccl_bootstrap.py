@@ -305,18 +305,4 @@ def init_nccl(
     return Communicator(transport, control, check=check, timeout=timeout)
 
 
-def describe_environment() -> str:
-    """One line on CuPy, NCCL and the GPUs, for logs and error reports."""
-    problem = nccl_missing()
-    if problem is not None:
-        return problem
-    cupy, nccl = _require_nccl()
-    from .transports.nccl_tables import version_string  # noqa: PLC0415
-
-    return (
-        f"CuPy {cupy.__version__}, NCCL {version_string(nccl.get_version())}, "
-        f"{cupy.cuda.runtime.getDeviceCount()} GPU(s) visible"
-    )
-
-
 __all__ = ["init_nccl", "nccl_missing", "nccl_usable", "unique_id_bytes", "unique_id_tuple", "make_communicator"]
