@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from . import config
 from .communicator import Communicator
@@ -207,21 +207,11 @@ def _mpi_world() -> Any:
     return MPI.COMM_WORLD
 
 
-_STORES: Dict[Tuple[str, int], Any] = {}
-
-
 def _env_store(rank: int, size: int, timeout: float) -> Any:
-    """The TCPStore at MASTER_ADDR:MASTER_PORT, made once per process (a second init reuses it:
-    its server holds the port), served by rank 0 unless torchrun's agent serves it."""
-    from .transports.store import tcp_store  # noqa: PLC0415
+    """The env:// store, shared with the host communicators of this process (bootstrap.py)."""
+    from .bootstrap import env_store  # noqa: PLC0415
 
-    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    store = _STORES.get(address)
-    if store is None:
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store = tcp_store(*address, rank, size, is_master=rank == 0 and not agent, timeout=timeout)
-        _STORES[address] = store
-    return store
+    return env_store(rank, size, timeout)
 
 
 def init_nccl(

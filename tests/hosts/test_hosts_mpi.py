@@ -23,10 +23,20 @@ IDS = [f"{h}hosts-{k}per" for h, k in LAYOUTS]
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("hosts, per_host", LAYOUTS, ids=IDS)
 def test_placement_and_agreement_paths(simhosts: SimHosts, hosts: int, per_host: int) -> None:
-    """Board within a host, MPI across hosts, on the world and on splits within and across."""
+    """Board within a host, MPI across hosts, on the world and on splits within and across (the
+    rank program checks each communicator; DENSECCL_DEBUG=INFO says the same to the user)."""
     program = [str(HERE / "ranks" / "placement.py"), str(hosts), str(per_host)]
-    done = simhosts.mpiexec(program, hosts=hosts, per_host=per_host)
-    expect_summaries(done.stdout, "placement", hosts * per_host)
+    done = simhosts.mpiexec(program, hosts=hosts, per_host=per_host, env={"DENSECCL_DEBUG": "INFO"})
+    size = hosts * per_host
+    expect_summaries(done.stdout, "placement", size)
+    board = done.stderr.count("agreement step: shared-memory board (")
+    assert board == (size if per_host > 1 else 0), done.stderr  # the splits within a host
+    said = "agreement step: MPI allreduce on the control communicator ({} ranks"
+    mpi = {n: done.stderr.count(said.format(n)) for n in (size, hosts)}
+    if per_host == 1:  # the world and the split across hosts have the same size
+        assert mpi[size] == 2 * size, done.stderr
+    else:
+        assert mpi[size] == size and mpi[hosts] == size, done.stderr
 
 
 @pytest.mark.timeout(240)

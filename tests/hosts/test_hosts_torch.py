@@ -31,11 +31,6 @@ def test_world_group_and_subgroups_across_hosts(simhosts: SimHosts, hosts: int, 
     run(simhosts, hosts, per_host, "world", "across")
 
 
-@pytest.mark.xfail(
-    reason="a torch subgroup of the first k ranks (here [0, 1], or the singleton [0]) is taken for the world group: "
-    "\"torch's process group has k ranks but MPI has N\" (issue 11 item 1; fixed on branch torch, not yet on main)",
-    strict=False,
-)
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("hosts, per_host", TWO_LAYOUTS, ids=IDS)
 def test_subgroups_within_hosts(simhosts: SimHosts, hosts: int, per_host: int) -> None:

@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from tests.support.ranks import ROOT, mpiexec, run_ranks
+from tests.support.ranks import ROOT, launch, mpiexec, run_ranks
 
 pytestmark = pytest.mark.mpi
 RANKS = Path(__file__).parent / "ranks"
@@ -154,7 +154,9 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
     still running then."""
     environment: Dict[str, str] = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
-    command = [mpiexec(), "-n", "2", sys.executable, str(RANKS / "bench_cli.py"), *args]
+    prefix, needs = launch(mpiexec(), 2)  # Open MPI needs options and, as root, variables
+    environment.update(needs)
+    command = [*prefix, sys.executable, str(RANKS / "bench_cli.py"), *args]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
     )

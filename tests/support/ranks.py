@@ -2,7 +2,9 @@
 
 Rank programs are ordinary Python files that exit non-zero (an uncaught exception, e.g. a
 failed assert) when a check fails; ``run_ranks`` turns that into a test failure that shows
-every rank's output.
+every rank's output. A test that starts mpiexec itself builds its command with
+``launch(mpiexec(), n)``, so that it runs under any MPI the suite is run with (``DENSECCL_MPI``,
+``DENSECCL_TEST_MPIEXEC``).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ the host channel, and a second init on the same store gets its own namespace."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import types
 from datetime import timedelta
@@ -128,7 +129,7 @@ def test_torchrun_environment(fakes, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setattr(nccl_bootstrap, "_STORES", {})
+    monkeypatch.setattr(sys.modules["denseccl.bootstrap"], "_STORES", {})  # the env:// store cache (bootstrap.py)
     first = denseccl.init(backend="nccl", timeout=10)
     second = denseccl.init(backend="nccl", timeout=10)  # reuses the store: its server holds the port
     assert first.size == 1 and first.transport.device == 1  # LOCAL_RANK 3 modulo 2 GPUs

@@ -122,7 +122,7 @@ def scenarios(size: int) -> List[Scenario]:
         Scenario("invalid root", lambda comm, r, d: _call(comm.reduce, c_array((3,), r), comm.size if d else 0),
                  invalid=f"root {size} is not a rank"),
         Scenario("invalid op", lambda comm, r, d: _call(comm.allreduce, c_array((3,), r), "bogus" if d else "sum"),
-                 invalid="unknown reduction op 'bogus'"),
+                 invalid="unknown reduction op 'bogus'", local=denseccl.OpError),
         Scenario("invalid op for dtype",
                  lambda comm, r, d: _call(comm.allreduce, c_array((3,), r, "complex64"), "min" if d else "sum"),
                  invalid="op min is not defined for dtype complex64"),
@@ -366,6 +366,11 @@ def main() -> None:
     use_torch = "--torch" in sys.argv[1:]
     if use_torch:
         import torch  # noqa: F401
+    from mpi4py import MPI  # noqa: PLC0415
+
+    # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
+    # that start seconds apart on a loaded machine would time out there instead
+    MPI.COMM_WORLD.Barrier()
     comm = denseccl.init(backend="mpi")
     check = Checker("mismatch", comm.rank, comm.size)
     for scenario in scenarios(comm.size):

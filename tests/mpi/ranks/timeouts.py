@@ -63,6 +63,11 @@ def expect_timeout(check: Checker, comm, what: str, seconds: float, thunk, buffe
 def main() -> None:
     short = float(sys.argv[1])
     from_env = float(os.environ["DENSECCL_TIMEOUT"])
+    from mpi4py import MPI  # noqa: PLC0415
+
+    # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
+    # that start seconds apart on a loaded machine would time out there instead
+    MPI.COMM_WORLD.Barrier()
     comm_a = denseccl.init(backend="mpi", timeout=short)
     comm_b = denseccl.init(backend="mpi")  # DENSECCL_TIMEOUT
     comm_c = denseccl.init(backend="mpi", timeout=short)
