@@ -21,7 +21,7 @@ from tests.mpi.ranks.common import Checker
 
 def main() -> None:
     how, seconds = sys.argv[1], float(sys.argv[2])
-    from mpi4py import MPI  # noqa: PLC0415
+    from mpi4py import MPI
 
     # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
     # that start seconds apart on a loaded machine would time out there instead

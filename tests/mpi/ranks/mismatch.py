@@ -366,7 +366,7 @@ def main() -> None:
     use_torch = "--torch" in sys.argv[1:]
     if use_torch:
         import torch  # noqa: F401
-    from mpi4py import MPI  # noqa: PLC0415
+    from mpi4py import MPI
 
     # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
     # that start seconds apart on a loaded machine would time out there instead

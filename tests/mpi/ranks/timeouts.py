@@ -63,7 +63,7 @@ def expect_timeout(check: Checker, comm, what: str, seconds: float, thunk, buffe
 def main() -> None:
     short = float(sys.argv[1])
     from_env = float(os.environ["DENSECCL_TIMEOUT"])
-    from mpi4py import MPI  # noqa: PLC0415
+    from mpi4py import MPI
 
     # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
     # that start seconds apart on a loaded machine would time out there instead
