@@ -39,7 +39,9 @@ from .errors import DenseCCLError
 DEFAULT_TIMEOUT = 300.0
 
 #: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
-MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+MPI_LAUNCH_VARIABLES = (
+    "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
+)
 
 #: variables that carry a process's rank on its host, most specific first
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")

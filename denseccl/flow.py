@@ -278,7 +278,7 @@ class Flow:
         """Complete the dropped Works' transfers that have finished, without blocking. A
         failure belongs to the dropped Work, not to the caller: the communicator is marked
         broken, and its next call says so."""
-        with contextlib.suppress(Exception):  # noqa: BLE001 - recorded by note_failure
+        with contextlib.suppress(Exception):
             self._complete_orphans(None)
 
     def _complete_orphans(self, deadline: Optional[float]) -> None:

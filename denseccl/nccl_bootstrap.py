@@ -42,11 +42,14 @@ def nccl_missing() -> Optional[str]:
         import cupy  # noqa: PLC0415 - optional dependency
     except ImportError as error:
         return (
-            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with {INSTALL_HINT}; "
-            "for host arrays use denseccl.init(backend='mpi')"
+            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with "
+            f"{INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
         )
     except Exception as error:  # noqa: BLE001 - a broken CUDA install can fail in many ways
-        return f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); reinstall it with {INSTALL_HINT}"
+        return (
+            f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); "
+            f"reinstall it with {INSTALL_HINT}"
+        )
     problems = []
     try:
         gpu = bool(cupy.is_available())
@@ -290,20 +293,6 @@ def init_nccl(
         control.close()
         raise
     return Communicator(transport, control, check=check, timeout=timeout)
-
-
-def describe_environment() -> str:
-    """One line on CuPy, NCCL and the GPUs, for logs and error reports."""
-    problem = nccl_missing()
-    if problem is not None:
-        return problem
-    cupy, nccl = _require_nccl()
-    from .transports.nccl_tables import version_string  # noqa: PLC0415
-
-    return (
-        f"CuPy {cupy.__version__}, NCCL {version_string(nccl.get_version())}, "
-        f"{cupy.cuda.runtime.getDeviceCount()} GPU(s) visible"
-    )
 
 
 __all__ = ["init_nccl", "nccl_missing", "nccl_usable", "unique_id_bytes", "unique_id_tuple", "make_communicator"]

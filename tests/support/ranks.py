@@ -129,7 +129,9 @@ def remove_orphaned_segments(before: set) -> None:
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "mpich_shm_" in line)
+            mapped.update(
+                line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "mpich_shm_" in line
+            )
         except OSError:
             continue
     for segment in new:
