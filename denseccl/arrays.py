@@ -168,7 +168,7 @@ def _protocol(x: Any, name: str) -> Any:
     """``x.<name>`` (None where ``x`` has none); :class:`LayoutError` where reading it raises."""
     try:
         return getattr(x, name, None)
-    except Exception as error:  # noqa: BLE001 - whatever the object raises is a bad input
+    except Exception as error:
         raise _protocol_error(x, name, f"raised {type(error).__name__}: {error}") from error
 
 
@@ -182,7 +182,7 @@ def _interface_fields(x: Any, interface: Any, name: str) -> Tuple[Tuple[int, ...
             strides = tuple(int(stride) for stride in strides)
         pointer, readonly = interface["data"]
         pointer = int(pointer or 0)
-    except Exception as error:  # noqa: BLE001 - a malformed dict is a bad input
+    except Exception as error:
         raise _protocol_error(x, name, f"is malformed ({type(error).__name__}: {error})") from error
     count = 1
     for size in shape:
@@ -211,7 +211,7 @@ def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer
         device = _cuda_device_of_pointer(pointer)
     except ImportError:
         raise
-    except Exception as error:  # noqa: BLE001 - e.g. CUDA does not know the pointer
+    except Exception as error:
         raise _protocol_error(x, name, f"gives a pointer ({pointer:#x}) CUDA cannot place on a device ({type(error).__name__}: {error})") from error
     return Buffer(pointer, layout, device, library, readonly, x)
 
@@ -224,7 +224,7 @@ def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
         _interface_fields(x, interface, name)
     try:
         view = np.asarray(x)
-    except Exception as error:  # noqa: BLE001 - NumPy refuses what the interface describes
+    except Exception as error:
         raise _protocol_error(x, name, f"is refused by NumPy ({type(error).__name__}: {error})") from error
     if view.dtype.hasobject:  # NumPy fell back to wrapping the object itself
         raise _protocol_error(x, name, "describes no numeric array")
@@ -237,7 +237,7 @@ def _dlpack_buffer(x: Any) -> Buffer:
         view = np.from_dlpack(x)
     except (BufferError, RuntimeError, TypeError) as error:
         raise LayoutError(f"{_describe(x)} exposes DLPack but not as host memory NumPy can view: {error}") from None
-    except Exception as error:  # noqa: BLE001 - whatever the producer raises is a bad input
+    except Exception as error:
         raise _protocol_error(x, "__dlpack__", f"raised {type(error).__name__}: {error}") from error
     if view.size and view.flags.owndata:  # NumPy allocated new memory: the tensor's data pointer was NULL
         raise _protocol_error(x, "__dlpack__", f"gives a NULL data pointer for {view.size} elements")

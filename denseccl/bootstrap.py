@@ -250,7 +250,7 @@ def _log_decisions(given: Optional[str], backend: str, check: Any, checking: boo
              "none" if seconds is None else f"{seconds:g} s")
 
 
-def _log_mpi(MPI: Any, base: Any) -> None:  # noqa: N803 - the module's own name
+def _log_mpi(MPI: Any, base: Any) -> None:
     if not log.logger.isEnabledFor(logging.INFO):
         return
     import mpi4py  # noqa: PLC0415

@@ -68,7 +68,7 @@ class GatherScatter:
                     raise LayoutError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
                 for inp, outs in zip(inputs, outputs):
                     _check_gather_list(inp, outs, self._group_size, "allgather")
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
+            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
 
             def finish() -> List[List[torch.Tensor]]:
                 for work, outs in zip(works, outputs):
@@ -98,7 +98,7 @@ class GatherScatter:
                     )
                 for i, inp in enumerate(inputs):
                     _check_gather_list(inp, [outs[i] for outs in per_rank], self._group_size, "allgather_coalesced")
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
+            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
 
             def finish() -> List[List[torch.Tensor]]:
                 for i, work in enumerate(works):

@@ -111,7 +111,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                     self._device = denseccl_init(backend="nccl", device=index, timeout=self._seconds or 0, **where)
             except DenseCCLError:
                 raise
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 raise DenseCCLError(
                     f"denseccl: could not create the NCCL communicator for CUDA tensors ({type(error).__name__}: {error}); "
                     "it needs CuPy with NCCL: pip install 'denseccl[cuda12]'"
@@ -127,7 +127,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         call's first agreement."""
         try:
             yield
-        except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+        except Exception as error:
             comm = self._device if self._device is not None and _any_cuda(given) else self._host
             if comm is None:
                 raise
@@ -193,7 +193,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     comm.allreduce(t, op)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
             return works, lambda: tensors
 
         return self._run("allreduce", opts, tensors[0].device, issue)
@@ -215,7 +215,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
                 packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
             with comm.flow.covered(descriptor):
-                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
+                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])  # type: ignore[misc]  # lambda t=t binds each tensor
 
             def finish() -> List[torch.Tensor]:
                 buckets.unpack(packed, tensors)
@@ -240,7 +240,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     comm.reduce(t, root, op)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
             return works, lambda: tensors
 
         return self._run("reduce", opts, tensors[0].device, issue)
@@ -259,7 +259,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     comm.broadcast(t, root)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
             return works, lambda: tensors
 
         return self._run("broadcast", opts, tensors[0].device, issue)

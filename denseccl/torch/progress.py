@@ -26,7 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config
 from ..transports.base import abandon, wait_until
@@ -232,7 +232,7 @@ class AsyncWork(dist.Work):
         self._operation = operation
         self._source = source_rank
 
-    def wait(self, timeout: Any = None) -> bool:  # noqa: D401 - torch's signature
+    def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
         self._progress.wait(self._operation, seconds)
         return True

@@ -92,10 +92,11 @@ class Doorbells:
             if window is not None:
                 _RETIRED.append(window)
             return None
+        assert window is not None  # every rank has one: the allreduce above said so
         window.Lock_all(MPI.MODE_NOCHECK)  # the epoch Win.Sync needs, for the window's life
         memory, _ = window.Shared_query(0)
         if node.Get_rank() == 0:
-            zero = memoryview(memory).cast("B")
+            zero = memoryview(memory).cast("B")  # type: ignore[arg-type]
             zero[: size * WORDS * 4] = bytes(size * WORDS * 4)
             zero.release()
         window.Sync()

@@ -279,7 +279,7 @@ class GlooControl(ControlChannel):
         self._store, self._prefix, self._timeout = store, prefix, timeout
         self._splits = 0
         self._max = c10d.AllreduceOptions()
-        self._max.reduceOp = _RED.MAX
+        self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = torch.tensor(list(values), dtype=torch.int64)

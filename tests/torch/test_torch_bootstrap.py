@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
-from tests.support.ranks import run_ranks  # noqa: E402
-from tests.torch.launchers import torchrun  # noqa: E402
+from tests.support.ranks import run_ranks
+from tests.torch.launchers import torchrun
 
 SCRIPT = Path(__file__).parent / "ranks" / "bootstrap_deadline.py"
 pytestmark = pytest.mark.torch

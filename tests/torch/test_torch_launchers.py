@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.torch.launchers import python, torchrun  # noqa: E402
+from tests.torch.launchers import python, torchrun
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = pytest.mark.torch

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
-from tests.support.ranks import ROOT, run_ranks  # noqa: E402
+from tests.support.ranks import ROOT, run_ranks
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = [pytest.mark.torch, pytest.mark.mpi]

@@ -41,7 +41,7 @@ class FakeNccl(types.SimpleNamespace):
     def get_version(self):
         return version_code(2, 27, 3)
 
-    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802, N803 - CuPy's names
+    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802 - CuPy's names
         size, unique_id = ndev, commId
         if not isinstance(unique_id, bytes):
             raise TypeError("Argument 'commId' has incorrect type")
@@ -159,7 +159,7 @@ def test_mpi_launch(fakes):
 def test_cupy13_takes_a_tuple(fakes, monkeypatch):
     made = []
 
-    def tuple_only(ndev, commId, rank):  # noqa: N803 - CuPy's names
+    def tuple_only(ndev, commId, rank):
         if not isinstance(commId, tuple):
             raise TypeError("Argument 'commId' has incorrect type (expected tuple)")
         made.append(commId)

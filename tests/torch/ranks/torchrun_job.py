@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import denseccl
-import denseccl.torch  # noqa: F401 - registers the backend
+import denseccl.torch
 
 
 def job(check: Checker) -> None:

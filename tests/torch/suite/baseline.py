@@ -111,7 +111,7 @@ def stored() -> Dict[str, object]:
 
 
 def main() -> None:
-    import torch  # noqa: PLC0415
+    import torch
 
     names = suite_names()
     data: Dict[str, object] = {"torch": torch.__version__.split("+")[0], "tests": len(names)}

@@ -69,7 +69,7 @@ from torch.testing._internal import common_utils  # noqa: E402
 from torch.testing._internal.common_distributed import TEST_SKIPS, DistTestCases  # noqa: E402
 
 if BACKEND == "denseccl":
-    import denseccl.torch  # noqa: F401, E402  (registers the backend)
+    import denseccl.torch  # noqa: F401  (registers the backend)
 
     DistTestCases.backend_feature["plugin"].add(BACKEND)
 

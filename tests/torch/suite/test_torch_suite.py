@@ -38,9 +38,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("expecttest")
 
-from tests.support.ranks import mpiexec  # noqa: E402
-from tests.torch.suite import baseline  # noqa: E402
-from tests.torch.suite.cases import UNSKIP  # noqa: E402
+from tests.support.ranks import mpiexec
+from tests.torch.suite import baseline
+from tests.torch.suite.cases import UNSKIP
 
 pytestmark = [pytest.mark.torch]
 
@@ -146,7 +146,7 @@ def test_gloo_baseline_is_current(n: int) -> None:
     if not FULL:
         pytest.skip("runs only in the long run (DENSECCL_SUITE=full)")
     stored = baseline.stored()
-    import torch  # noqa: PLC0415
+    import torch
 
     if stored["torch"] != torch.__version__.split("+")[0]:
         pytest.skip(f"the baseline is for torch {stored['torch']}; regenerate it: python -m tests.torch.suite.baseline")
