@@ -11,7 +11,7 @@ from typing import Any
 from .arrays import Buffer, as_buffer
 from .bootstrap import init
 from .communicator import Communicator, Work
-from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError, MismatchError
+from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError, MismatchError, OpError
 from .layout import Layout
 from .ops import PreMulSum, ReduceOp
 
@@ -38,6 +38,7 @@ __all__ = [
     "Layout",
     "LayoutError",
     "MismatchError",
+    "OpError",
     "PreMulSum",
     "ReduceOp",
     "Work",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
@@ -32,7 +33,10 @@ class Descriptor(NamedTuple):
 
     def fields(self) -> Dict[str, object]:
         dtype, shape, strides = self.key if self.key is not None else (None, None, None)
-        return {"collective": self.collective, "root": self.root, "op": self.op, "dtype": dtype, "shape": shape, "layout": strides}
+        return {
+            "collective": self.collective, "root": self.root, "op": self.op,
+            "dtype": dtype, "shape": shape, "layout": strides,
+        }
 
     def describe(self) -> str:
         words = [self.collective]
@@ -47,19 +51,11 @@ class Descriptor(NamedTuple):
         return " ".join(words)
 
 
-_DIGESTS: Dict[Descriptor, int] = {}
-
-
+@lru_cache(maxsize=4096)
 def digest(descriptor: Descriptor) -> int:
     """A 63-bit digest, stable across processes (unlike ``hash`` of strings)."""
-    found = _DIGESTS.get(descriptor)
-    if found is None:
-        raw = hashlib.blake2b(repr(tuple(descriptor)).encode(), digest_size=8).digest()
-        found = int.from_bytes(raw, "little") >> 1
-        if len(_DIGESTS) > 4096:
-            _DIGESTS.clear()
-        _DIGESTS[descriptor] = found
-    return found
+    raw = hashlib.blake2b(repr(tuple(descriptor)).encode(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") >> 1
 
 
 def agree(
@@ -75,7 +71,9 @@ def agree(
         disagree(control, descriptor, deadline, invalid)
 
 
-def disagree(control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None) -> NoReturn:
+def disagree(
+    control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None
+) -> NoReturn:
     """The second step, taken by every rank once ``all_equal`` has said no: exchange the full
     descriptors and raise the same report everywhere (``invalid`` itself on its own rank)."""
     mine = {"descriptor": list(descriptor), "invalid": _error_text(invalid)}

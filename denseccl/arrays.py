@@ -150,19 +150,98 @@ def _torch_buffer(x: Any) -> Buffer:
     return Buffer(x.data_ptr(), layout, index, "torch", False, x)
 
 
-def _interface_buffer(x: Any, interface: Dict[str, Any], device: int, library: str) -> Buffer:
-    if interface.get("mask") is not None:
+def _describe(x: Any) -> str:
+    """How an error names the object the caller passed: its type, with the module it comes from."""
+    kind = type(x)
+    module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    return f"the {module}{kind.__qualname__} object"
+
+
+def _protocol_error(x: Any, protocol: str, problem: str) -> LayoutError:
+    return LayoutError(
+        f"{_describe(x)} cannot be used as an array: its {protocol} {problem}. Pass a NumPy or CuPy array or a "
+        f"torch tensor, or fix the object's {protocol}"
+    )
+
+
+def _protocol(x: Any, name: str) -> Any:
+    """``x.<name>`` (None where ``x`` has none); :class:`LayoutError` where reading it raises."""
+    try:
+        return getattr(x, name, None)
+    except Exception as error:
+        raise _protocol_error(x, name, f"raised {type(error).__name__}: {error}") from error
+
+
+def _interface_fields(x: Any, interface: Any, name: str) -> Tuple[Tuple[int, ...], Any, Any, int, bool]:
+    """``(shape, typestr, strides, data pointer, readonly)`` of an array interface dict, with
+    the pointer checked: NULL only where the array is empty."""
+    try:
+        shape = tuple(int(size) for size in interface["shape"])
+        typestr, strides = interface["typestr"], interface.get("strides")
+        if strides is not None:
+            strides = tuple(int(stride) for stride in strides)
+        pointer, readonly = interface["data"]
+        pointer = int(pointer or 0)
+    except Exception as error:
+        raise _protocol_error(x, name, f"is malformed ({type(error).__name__}: {error})") from error
+    count = 1
+    for size in shape:
+        count *= size
+    if count and not pointer:
+        raise _protocol_error(x, name, f"gives a NULL data pointer for {count} elements")
+    return shape, typestr, strides, pointer, bool(readonly)
+
+
+def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer:
+    """A ``__cuda_array_interface__`` object's Buffer."""
+    name = "__cuda_array_interface__"
+    if isinstance(interface, dict) and interface.get("mask") is not None:
         raise LayoutError("masked arrays are not supported; fill the mask first")
-    dtype = np.dtype(interface["typestr"])
-    name = _numpy_dtype_name(dtype)
-    shape = tuple(interface["shape"])
-    strides = interface.get("strides")
+    shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+    try:
+        dtype = np.dtype(typestr)
+    except (TypeError, ValueError) as error:
+        raise _protocol_error(x, name, f"names no NumPy dtype ({error})") from error
+    dtype_name = _numpy_dtype_name(dtype)
     if strides is None:
-        layout = _layout_from_bytes(shape, tuple(s * dtype.itemsize for s in _row_major(shape)), dtype.itemsize, name)
+        layout = _layout_from_bytes(shape, tuple(s * dtype.itemsize for s in _row_major(shape)), dtype.itemsize, dtype_name)
     else:
-        layout = _layout_from_bytes(shape, tuple(strides), dtype.itemsize, name)
-    pointer, readonly = interface["data"]
-    return Buffer(int(pointer or 0), layout, device, library, bool(readonly), x)
+        layout = _layout_from_bytes(shape, strides, dtype.itemsize, dtype_name)
+    try:
+        device = _cuda_device_of_pointer(pointer)
+    except ImportError:
+        raise
+    except Exception as error:
+        raise _protocol_error(x, name, f"gives a pointer ({pointer:#x}) CUDA cannot place on a device ({type(error).__name__}: {error})") from error
+    return Buffer(pointer, layout, device, library, readonly, x)
+
+
+def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
+    """Host memory known through ``__array_interface__``: validated as NumPy's view of it; the
+    object itself is the owner, so an in-place call returns it."""
+    name = "__array_interface__"
+    if isinstance(interface, dict) and interface.get("data") is not None:  # None: the buffer protocol's memory
+        _interface_fields(x, interface, name)
+    try:
+        view = np.asarray(x)
+    except Exception as error:
+        raise _protocol_error(x, name, f"is refused by NumPy ({type(error).__name__}: {error})") from error
+    if view.dtype.hasobject:  # NumPy fell back to wrapping the object itself
+        raise _protocol_error(x, name, "describes no numeric array")
+    return _numpy_buffer(view)._replace(owner=x)
+
+
+def _dlpack_buffer(x: Any) -> Buffer:
+    """Host memory known through DLPack, as NumPy's view of it (the object is the owner)."""
+    try:
+        view = np.from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError) as error:
+        raise LayoutError(f"{_describe(x)} exposes DLPack but not as host memory NumPy can view: {error}") from None
+    except Exception as error:
+        raise _protocol_error(x, "__dlpack__", f"raised {type(error).__name__}: {error}") from error
+    if view.size and view.flags.owndata:  # NumPy allocated new memory: the tensor's data pointer was NULL
+        raise _protocol_error(x, "__dlpack__", f"gives a NULL data pointer for {view.size} elements")
+    return _numpy_buffer(view)._replace(owner=x)
 
 
 def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
@@ -192,20 +271,14 @@ def as_buffer(x: Any) -> Buffer:
         if isinstance(x, np.ma.MaskedArray):
             raise LayoutError("masked arrays are not supported: the mask would be ignored; pass x.filled(value) or x.data")
         return _numpy_buffer(x)
-    interface = getattr(x, "__cuda_array_interface__", None)
+    interface = _protocol(x, "__cuda_array_interface__")
     if interface is not None:
-        return _interface_buffer(x, interface, _cuda_device_of_pointer(interface["data"][0]), "cuda_array_interface")
-    # Host memory known through a protocol: validated as NumPy's view of it; the object itself
-    # is the owner, so an in-place call returns it.
-    interface = getattr(x, "__array_interface__", None)
+        return _interface_buffer(x, interface, "cuda_array_interface")
+    interface = _protocol(x, "__array_interface__")
     if interface is not None:
-        return _numpy_buffer(np.asarray(x))._replace(owner=x)
-    if hasattr(x, "__dlpack__"):
-        try:
-            view = np.from_dlpack(x)
-        except (BufferError, RuntimeError, TypeError) as error:
-            raise LayoutError(f"{type(x).__name__} exposes DLPack but not as host memory NumPy can view: {error}") from None
-        return _numpy_buffer(view)._replace(owner=x)
+        return _array_interface_buffer(x, interface)
+    if _protocol(x, "__dlpack__") is not None:
+        return _dlpack_buffer(x)
     raise LayoutError(
         f"expected an array (NumPy, CuPy, torch, or an object with __cuda_array_interface__, "
         f"__array_interface__ or __dlpack__), got {type(x).__name__}"

@@ -19,6 +19,9 @@ variable                       meaning                                          
 ``DENSECCL_TORCH_POLL``        seconds between the torch progress thread's      adaptive
                                polls (0 spins, yielding the core)
 ``DENSECCL_DEBUG``             ``WARN`` / ``INFO`` / ``TRACE`` (logging)        ``WARN``
+``DENSECCL_WAIT``              ``auto`` / ``spin`` / ``yield``: how a rank      ``auto``
+                               waits for peers (auto: sleep on doorbells when
+                               the host's ranks share cores, else spin briefly)
 =============================  ===============================================  ==========
 """
 
@@ -36,7 +39,9 @@ from .errors import DenseCCLError
 DEFAULT_TIMEOUT = 300.0
 
 #: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
-MPI_LAUNCH_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+MPI_LAUNCH_VARIABLES = (
+    "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
+)
 
 #: variables that carry a process's rank on its host, most specific first
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
@@ -48,6 +53,7 @@ _DEBUG = ("WARN", "INFO", "TRACE")
 #: what a rank does when a peer never joins: raise CollectiveTimeoutError (and tell the peers),
 #: or abort the whole job (MPI_Abort), as MPI's default error handler does
 ON_TIMEOUT = ("raise", "abort")
+_WAITS = ("auto", "spin", "yield")
 _NAMES = (
     "DENSECCL_BACKEND",
     "DENSECCL_CHECK",
@@ -57,6 +63,7 @@ _NAMES = (
     "DENSECCL_TORCH_POLL",
     "DENSECCL_DEBUG",
     "DENSECCL_ON_TIMEOUT",
+    "DENSECCL_WAIT",
 )
 
 Seconds = Union[None, int, float, datetime.timedelta]
@@ -74,6 +81,7 @@ class Settings:
     torch_poll: Optional[float]
     debug: str
     on_timeout: str
+    wait: str
 
 
 def flag(word: Union[bool, str], what: str) -> bool:
@@ -138,6 +146,9 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
     if debug not in _DEBUG:
         raise DenseCCLError(f"DENSECCL_DEBUG must be one of {', '.join(_DEBUG)}, got {debug!r}")
     on_timeout = _word(values["DENSECCL_ON_TIMEOUT"] or "raise", "DENSECCL_ON_TIMEOUT")
+    wait = (values["DENSECCL_WAIT"] or "auto").strip().lower()
+    if wait not in _WAITS:
+        raise DenseCCLError(f"DENSECCL_WAIT must be one of {', '.join(_WAITS)}, got {wait!r}")
     return Settings(
         backend=backend,
         check=flag(values["DENSECCL_CHECK"] or "always", "DENSECCL_CHECK"),
@@ -147,6 +158,7 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         torch_poll=_seconds_or_none(values["DENSECCL_TORCH_POLL"], "DENSECCL_TORCH_POLL"),
         debug=debug,
         on_timeout=on_timeout,
+        wait=wait,
     )
 
 

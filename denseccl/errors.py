@@ -14,6 +14,12 @@ class LayoutError(DenseCCLError, ValueError):
     unsupported dtype or op, read-only buffer, root out of range. Nothing was touched."""
 
 
+class OpError(DenseCCLError, ValueError):
+    """A local input problem: the reduction op is not one denseccl supports (an unknown name,
+    torch's ``ReduceOp.BAND``, mpi4py's ``MPI.LAND`` …). The message lists the supported ops.
+    Nothing was touched."""
+
+
 class MismatchError(DenseCCLError, RuntimeError):
     """Ranks disagree on collective, root, op, dtype, shape or layout (or a peer's input was
     invalid). Raised on every rank; no buffer was touched and the communicator stays usable."""

@@ -33,7 +33,7 @@ from . import arrays, log
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import compile_plan
-from .transports.base import DONE, ControlChannel, Pending, Transport, abandon, wait_until
+from .transports.base import DONE, WAITING, ControlChannel, Pending, Transport, abandon, wait_until
 from .work import Work
 
 T = TypeVar("T")
@@ -192,7 +192,7 @@ class Flow:
         """Poll ``test`` until the transfer has completed; raise if a peer gave up on it or
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
-            for _ in range(SPINS):  # a small call is done before a deadline is worth computing
+            for _ in range(WAITING.spins(SPINS)):  # a small call is done before a deadline is worth computing
                 if test():
                     break
             else:
@@ -278,7 +278,7 @@ class Flow:
         """Complete the dropped Works' transfers that have finished, without blocking. A
         failure belongs to the dropped Work, not to the caller: the communicator is marked
         broken, and its next call says so."""
-        with contextlib.suppress(Exception):  # noqa: BLE001 - recorded by note_failure
+        with contextlib.suppress(Exception):
             self._complete_orphans(None)
 
     def _complete_orphans(self, deadline: Optional[float]) -> None:

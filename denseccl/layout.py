@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from math import prod
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 Shape = Tuple[int, ...]
 Strides = Tuple[int, ...]
@@ -131,7 +131,7 @@ class Layout:
     def __repr__(self) -> str:
         return f"Layout(shape={self.shape}, strides={self.strides}, itemsize={self.itemsize}, dtype={self.dtype!r})"
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> Tuple[type, Tuple[Any, ...]]:
         return Layout, (self.shape, self.strides, self.itemsize, self.dtype)
 
     @property

@@ -41,7 +41,9 @@ def _configure() -> None:
     logger.setLevel(_LEVELS[config.settings().debug])
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_RankFilter())
-    handler.setFormatter(logging.Formatter("[denseccl rank %(denseccl_rank)s pid %(process)d] %(levelname)s %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("[denseccl rank %(denseccl_rank)s pid %(process)d] %(levelname)s %(message)s")
+    )
     logger.addHandler(handler)
     logger.propagate = False
 

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from . import config
 from .communicator import Communicator
@@ -42,11 +42,14 @@ def nccl_missing() -> Optional[str]:
         import cupy  # noqa: PLC0415 - optional dependency
     except ImportError as error:
         return (
-            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with {INSTALL_HINT}; "
-            "for host arrays use denseccl.init(backend='mpi')"
+            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with "
+            f"{INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
         )
     except Exception as error:  # noqa: BLE001 - a broken CUDA install can fail in many ways
-        return f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); reinstall it with {INSTALL_HINT}"
+        return (
+            f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); "
+            f"reinstall it with {INSTALL_HINT}"
+        )
     problems = []
     try:
         gpu = bool(cupy.is_available())
@@ -204,21 +207,11 @@ def _mpi_world() -> Any:
     return MPI.COMM_WORLD
 
 
-_STORES: Dict[Tuple[str, int], Any] = {}
-
-
 def _env_store(rank: int, size: int, timeout: float) -> Any:
-    """The TCPStore at MASTER_ADDR:MASTER_PORT, made once per process (a second init reuses it:
-    its server holds the port), served by rank 0 unless torchrun's agent serves it."""
-    from .transports.store import tcp_store  # noqa: PLC0415
+    """The env:// store, shared with the host communicators of this process (bootstrap.py)."""
+    from .bootstrap import env_store  # noqa: PLC0415
 
-    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    store = _STORES.get(address)
-    if store is None:
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store = tcp_store(*address, rank, size, is_master=rank == 0 and not agent, timeout=timeout)
-        _STORES[address] = store
-    return store
+    return env_store(rank, size, timeout)
 
 
 def init_nccl(
@@ -300,20 +293,6 @@ def init_nccl(
         control.close()
         raise
     return Communicator(transport, control, check=check, timeout=timeout)
-
-
-def describe_environment() -> str:
-    """One line on CuPy, NCCL and the GPUs, for logs and error reports."""
-    problem = nccl_missing()
-    if problem is not None:
-        return problem
-    cupy, nccl = _require_nccl()
-    from .transports.nccl_tables import version_string  # noqa: PLC0415
-
-    return (
-        f"CuPy {cupy.__version__}, NCCL {version_string(nccl.get_version())}, "
-        f"{cupy.cuda.runtime.getDeviceCount()} GPU(s) visible"
-    )
 
 
 __all__ = ["init_nccl", "nccl_missing", "nccl_usable", "unique_id_bytes", "unique_id_tuple", "make_communicator"]

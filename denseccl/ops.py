@@ -9,9 +9,10 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from typing import Dict, NamedTuple, Union
+import sys
+from typing import Any, Dict, NamedTuple, Optional, Union
 
-from .errors import LayoutError
+from .errors import LayoutError, OpError
 
 
 class ReduceOp(enum.Enum):
@@ -43,7 +44,8 @@ class PreMulSum(NamedTuple):
 
 
 Op = Union[ReduceOp, PreMulSum]
-OpLike = Union[str, ReduceOp, PreMulSum]
+#: also torch.distributed.ReduceOp members and mpi4py's MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX
+OpLike = Union[str, ReduceOp, PreMulSum, Any]
 
 _OP_ALIASES: Dict[str, ReduceOp] = {
     "sum": ReduceOp.SUM,
@@ -71,10 +73,51 @@ def as_op(op: OpLike) -> Op:
         return op
     if isinstance(op, str) and op.lower() in _OP_ALIASES:
         return _OP_ALIASES[op.lower()]
-    raise LayoutError(
+    foreign = _foreign_op(op)
+    if foreign is not None:
+        return as_op(foreign)
+    raise OpError(
         f"unknown reduction op {op!r}: use 'sum', 'prod', 'min', 'max', 'avg', a denseccl.ReduceOp "
-        "member or denseccl.PreMulSum(factor)"
+        "member, denseccl.PreMulSum(factor), torch.distributed.ReduceOp SUM/PRODUCT/MIN/MAX/AVG/PREMUL_SUM or "
+        "mpi4py's MPI.SUM/PROD/MIN/MAX"
     )
+
+
+_TORCH_OPS = {"SUM": ReduceOp.SUM, "PRODUCT": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX, "AVG": ReduceOp.AVG}
+_MPI_OPS = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX}
+
+
+def _foreign_op(op: Any) -> Optional[Union[ReduceOp, PreMulSum]]:
+    """torch's ``ReduceOp`` (or ``RedOpType``) and mpi4py's ``MPI.Op`` as denseccl ops, without
+    importing either library; None for anything else. An op of theirs that denseccl does not
+    support raises :class:`OpError`."""
+    module = type(op).__module__ or ""
+    if module.startswith("torch"):
+        kind = getattr(op, "op", op)  # a ReduceOp object carries its RedOpType
+        name = str(getattr(kind, "name", kind)).rpartition(".")[2]
+        if name in _TORCH_OPS:
+            return _TORCH_OPS[name]
+        if name == "PREMUL_SUM" and hasattr(op, "factor"):
+            factor = op.factor
+            if hasattr(factor, "numel"):  # a one-element tensor
+                if factor.numel() != 1:
+                    raise OpError(f"PREMUL_SUM needs one scale factor, got a tensor of shape {tuple(factor.shape)}")
+                factor = factor.item()
+            return PreMulSum(float(factor))
+        raise OpError(
+            f"reduction op {name} (torch) is not supported by denseccl: use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM"
+        )
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(op, mpi.Op):
+        for name, kind in _MPI_OPS.items():
+            if op == getattr(mpi, name):
+                return kind
+        known = [n for n in ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP") if op == getattr(mpi, n, None)]
+        raise OpError(
+            f"reduction op MPI.{known[0] if known else 'Op'} is not supported by denseccl: use MPI.SUM, MPI.PROD, MPI.MIN "
+            "or MPI.MAX (or 'sum', 'prod', 'min', 'max', 'avg', denseccl.PreMulSum(factor))"
+        )
+    return None
 
 
 def op_kind(op: Op) -> ReduceOp:

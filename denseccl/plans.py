@@ -21,6 +21,7 @@ import numpy as np
 from . import log
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
+from .transports.base import WAITING
 
 if TYPE_CHECKING:
     from .flow import Flow, Test
@@ -47,6 +48,7 @@ def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Ca
     control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
     all_equal, gave_up = control.fast_path()
     peers = flow.size > 1
+    spins = WAITING.spins(SPINS)  # none where ranks share cores: the peer needs this one
 
     def run(x: Any) -> Any:
         if flow.broken is not None:
@@ -58,7 +60,7 @@ def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Ca
         except Exception as error:
             note_failure(error)  # the agreement's or the library's: a timeout gives up, as in Flow.agree
             raise
-        for _ in range(SPINS):  # a small call is done before a deadline is worth computing
+        for _ in range(spins):  # a small call is done before a deadline is worth computing
             if test():
                 if not gave_up[0]:
                     return x

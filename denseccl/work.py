@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
+from .config import Seconds, seconds
 from .transports.base import Pending
 
 if TYPE_CHECKING:
@@ -28,20 +29,20 @@ class Work:
         self._keep = keep  # the buffers the transfer reads and writes
         self._done = False
 
-    def wait(self, timeout: Optional[float] = None) -> Any:
+    def wait(self, timeout: Seconds = None) -> Any:
         """Block until the collective has completed and return its result array.
-        ``timeout`` (seconds) defaults to the communicator's. On a device transport (NCCL)
+        ``timeout`` (seconds or a ``datetime.timedelta``) defaults to the communicator's. On a device transport (NCCL)
         this does not block the host: it makes the caller's current stream wait for the
         collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
-        self._flow.wait(self._pending, (self._keep, self._result), timeout)
+        self._flow.wait(self._pending, (self._keep, self._result), seconds(timeout, "timeout"))
         self._done, self._keep = True, None
         return self._result
 
-    def synchronize(self, timeout: Optional[float] = None) -> Any:
+    def synchronize(self, timeout: Seconds = None) -> Any:
         """Block the host until the collective has completed (on the device too) and return
         its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
         communicator's), which also aborts a device communicator."""
-        self._flow.wait(self._pending, (self._keep, self._result), timeout, synchronize=True)
+        self._flow.wait(self._pending, (self._keep, self._result), seconds(timeout, "timeout"), synchronize=True)
         self._done, self._keep = True, None
         return self._result
 

@@ -72,7 +72,9 @@ def main() -> None:
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in contenders.items()}
 
     data = torch.Generator().manual_seed(rank)
-    images = torch.randn(args.batch, 3, args.image, args.image, generator=data).to(device, memory_format=torch.channels_last)
+    images = torch.randn(args.batch, 3, args.image, args.image, generator=data).to(
+        device, memory_format=torch.channels_last
+    )
     labels = torch.randint(0, 10, (args.batch,), generator=data).to(device)
 
     def step(name: str) -> None:
@@ -105,7 +107,8 @@ def main() -> None:
     if rank == 0:
         print(
             f"DDP step time, {size} ranks on {device.type}, channels-last ConvNet of {params / 1e6:.2f} M parameters "
-            f"({params * 4 / 1e6:.1f} MB of float32 gradients), batch {args.batch}x3x{args.image}x{args.image} per rank, "
+            f"({params * 4 / 1e6:.1f} MB of float32 gradients), "
+            f"batch {args.batch}x3x{args.image}x{args.image} per rank, "
             f"{args.threads} thread(s) per rank, {args.rounds} rounds x {args.steps} steps"
         )
         print(f"{'backend':<10} {'median (ms)':>12} {'best (ms)':>10} {'comm cost (ms)':>15}")

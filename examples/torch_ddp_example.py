@@ -78,7 +78,10 @@ def main() -> int:
     if rank == 0:
         print(f"parameters identical on all {size} ranks: {identical}")
         print(f"max |DDP - single-process| parameter difference: {difference:.2e}")
-        print(f"conv weight strides {weight.stride()}, grad strides {weight.grad.stride()}; contract violations: {len(violations)}")
+        print(
+            f"conv weight strides {weight.stride()}, grad strides {weight.grad.stride()}; "
+            f"contract violations: {len(violations)}"
+        )
         print("OK" if ok else "FAILED", flush=True)
     dist.destroy_process_group()
     return 0 if ok else 1

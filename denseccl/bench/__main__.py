@@ -33,6 +33,22 @@ def _gpu_problem() -> Optional[str]:
     return None
 
 
+def _waits_line(world: Any) -> str:
+    """How denseccl waits on this run's hosts (docs/performance-pinning.md). Collective over
+    ``world``: the ranks of each host compare their CPUs and cgroup quotas."""
+    from ..transports.base import WAITING  # noqa: PLC0415
+    from ..transports.cores import host_crowded, local_placement  # noqa: PLC0415
+
+    crowded = host_crowded(world)
+    limit = local_placement().limit
+    quota = f"; rank 0's cgroup quota {limit:g} cores" if limit is not None else ""
+    how = "poll briefly, then yield"
+    if WAITING.crowded:
+        how = "sleep on doorbells" if WAITING.doorbells is not None else "yield at once"
+    shared = "the ranks of a host share cores" if crowded else "a core per rank"
+    return f"#  waits: {shared}{quota}: {how}"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = options.parser().parse_args(argv)
     try:
@@ -136,6 +152,7 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
     for note in notes:
         say(f"#  skipped contender: {note}")
+    say(_waits_line(job.world))
 
     def emit(kind: str, payload: Any) -> None:
         if kind == "block":

@@ -13,7 +13,7 @@ A contender prepares a :class:`Run` per case: its buffers and one ``step`` = one
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -108,8 +108,8 @@ class Denseccl(Contender):
         return Run(lib, step, [x], x)
 
 
-def _mpi_op(MPI: Any, op: Optional[str]) -> Any:
-    return {"sum": MPI.SUM, "avg": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, None: None}[op]
+def _mpi_op(mpi: Any, op: Optional[str]) -> Any:
+    return {"sum": mpi.SUM, "avg": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX, None: None}[op]
 
 
 def _finish_avg(array: np.ndarray, nranks: int) -> None:
@@ -154,16 +154,17 @@ class Naive(Contender):
         return Run(lib, *_mpi_steps(self.job, case, lib, naive=True, arena=arena))
 
 
-def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool,  # type: ignore[no-untyped-def]
-               arena: Optional[cases.Arena] = None):
+def _mpi_steps(
+    job: Job, case: Case, lib: NumpyLib, *, naive: bool, arena: Optional[cases.Arena] = None
+) -> Tuple[Callable[[], Any], List[Any], Any]:
     """``(step, inputs, output)`` for raw mpi4py; with ``naive`` the arrays have the case's
     layout and every call copies to contiguous and back, allocating as a user would."""
-    MPI, world = job.MPI, job.world
+    world = job.world
     c, shape, n, root = case.collective, case.shape, case.nranks, case.root
     layout = case.layout if naive else "contiguous"
-    op = _mpi_op(MPI, case.op)
+    op = _mpi_op(job.MPI, case.op)
     avg = case.op == "avg"
-    IN_PLACE = MPI.IN_PLACE
+    in_place = job.MPI.IN_PLACE
     on_root = job.rank == root
     contiguous = np.ascontiguousarray
 
@@ -202,7 +203,7 @@ def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool,  # type: ign
 
         def allreduce() -> None:
             buffer = contiguous(x) if naive else x
-            world.Allreduce(IN_PLACE, buffer, op)
+            world.Allreduce(in_place, buffer, op)
             if avg:
                 _finish_avg(buffer, n)
             if naive:
@@ -214,7 +215,7 @@ def _mpi_steps(job: Job, case: Case, lib: NumpyLib, *, naive: bool,  # type: ign
         def reduce() -> None:
             buffer = contiguous(x) if naive else x
             if on_root:
-                world.Reduce(IN_PLACE, buffer, op, root)
+                world.Reduce(in_place, buffer, op, root)
                 if avg:
                     _finish_avg(buffer, n)
                 if naive:

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 #: Collectives in nccl-tests order, with the names nccl-tests prints.
 COLLECTIVES: Tuple[str, ...] = ("allreduce", "reduce", "broadcast", "allgather", "reduce_scatter")
@@ -137,7 +137,7 @@ def collective_name(text: str) -> str:
     raise ValueError(f"unknown collective {text!r}; use one of {', '.join(COLLECTIVES)} or all")
 
 
-def expand(text: str, known: Tuple[str, ...], normalise=lambda word: word) -> List[str]:  # type: ignore[no-untyped-def]
+def expand(text: str, known: Tuple[str, ...], normalise: Callable[[str], str] = lambda word: word) -> List[str]:
     """A comma list or ``all`` -> names, each normalised and checked, order kept, no repeats."""
     words = [w for w in text.split(",") if w.strip()]
     if any(w.strip().lower() == "all" for w in words):

@@ -7,16 +7,10 @@ copies, and wait for the device.
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any, Sequence
 
 import numpy as np
-
-
-def _nbytes(shape: Sequence[int], itemsize: int) -> int:
-    count = 1
-    for size in shape:
-        count *= int(size)
-    return count * itemsize
 
 
 class Unsupported(Exception):
@@ -44,7 +38,7 @@ class NumpyLib:
         dt = self.dtype(dtype)
         if arena is None:
             return np.empty(tuple(shape), dt)
-        return arena.host(_nbytes(shape, dt.itemsize), role).view(dt).reshape(tuple(shape))
+        return arena.host(prod(shape) * dt.itemsize, role).view(dt).reshape(tuple(shape))
 
     def permute(self, array: Any, axes: Sequence[int]) -> Any:
         return array.transpose(tuple(axes))
@@ -90,7 +84,7 @@ class TorchLib:
         dt = self.dtype(dtype)
         if arena is None:
             return self.torch.empty(tuple(shape), dtype=dt, device=self.device_name)
-        nbytes = _nbytes(shape, dt.itemsize)
+        nbytes = prod(shape) * dt.itemsize
         if self.device:
             raw = self.torch.as_tensor(arena.device(nbytes, role), device=self.device_name)
         else:
@@ -149,7 +143,7 @@ class CupyLib(NumpyLib):
         dt = self.dtype(dtype)
         if arena is None:
             return self.xp.empty(tuple(shape), dt)
-        return arena.device(_nbytes(shape, dt.itemsize), role).view(dt).reshape(tuple(shape))
+        return arena.device(prod(shape) * dt.itemsize, role).view(dt).reshape(tuple(shape))
 
     def assign(self, target: Any, values: np.ndarray) -> None:
         target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))

@@ -155,7 +155,8 @@ def run_all(job: Job, contenders: Sequence[Contender], settings: Settings, items
     types and layouts of one size are timed together (see :func:`run_group`)."""
     rows: List[Row] = []
     for collective in settings.collectives:
-        for op in (settings.ops if collective in REDUCING else [None]):
+        ops: Sequence[Optional[str]] = settings.ops if collective in REDUCING else (None,)
+        for op in ops:
             emit("block", (collective, op))
             for number, size in enumerate(settings.sizes):
                 settings.progress.enter(f"{NCCL_TESTS_NAMES[collective]} {op or ''} {size} B (size {number + 1}/"

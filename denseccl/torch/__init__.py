@@ -1,14 +1,14 @@
 """denseccl for PyTorch.
 
 Importing this package registers the ``"denseccl"`` backend of ``torch.distributed`` for the
-devices ``cpu`` (over MPI; launch with ``mpiexec``) and ``cuda`` (over NCCL)::
+devices ``cpu`` (over MPI under an MPI launcher, else over the gloo engine: torchrun,
+``mp.spawn``, env://, file://, tcp://) and ``cuda`` (over NCCL)::
 
     import torch.distributed as dist
     import denseccl.torch
 
+    dist.init_process_group("denseccl")   # torchrun, or mpiexec (rank, size and store from MPI)
     dist.init_process_group("denseccl", init_method="tcp://127.0.0.1:29500", rank=rank, world_size=size)
-    # or, in a job started by mpiexec, with rank and world size taken from MPI:
-    denseccl.torch.init_process_group()
 
 Every collective then works on tensors of any non-overlapping dense layout (channels-last,
 transposed, permuted), results keep the tensors' strides, a gapped tensor is refused, and ranks
@@ -21,15 +21,17 @@ Also here: the Gradient Layout Contract tools (:func:`grad_layout_violations`,
 from __future__ import annotations
 
 import datetime
-import os
-import socket
 from typing import Any, Optional
 
 import torch.distributed as dist
 
+from .. import config
+from . import _rendezvous
+
 from .data_parallel import DataParallel, broadcast_coalesced, reduce_add_coalesced, replicate
 from .grad_layout import GradLayoutHooks, GradLayoutViolation, enforce_grad_layout, grad_layout_violations, restride_grads
 from ._launch import launched_by_mpi
+from ._rendezvous import needs_mpi_rendezvous
 from .process_group import BACKEND_NAME, ProcessGroupDenseCCL, create_process_group
 
 
@@ -39,31 +41,38 @@ def _register() -> None:
 
 
 _register()
+_rendezvous.register()
 
 
-def init_process_group(*, init_method: Optional[str] = None, timeout: Optional[datetime.timedelta] = None, **kwargs: Any) -> None:
-    """``torch.distributed.init_process_group("denseccl", ...)`` for a job started by mpiexec:
-    rank and world size come from MPI. Without ``init_method``, ``store`` or
-    ``MASTER_ADDR``/``MASTER_PORT`` in the environment, rank 0 opens a TCPStore on a free port
-    and tells the others over MPI, so nothing needs configuring."""
-    from mpi4py import MPI  # noqa: PLC0415
+def init_process_group(
+    backend: Optional[str] = BACKEND_NAME,
+    init_method: Optional[str] = None,
+    timeout: config.Seconds = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    **kwargs: Any,
+) -> None:
+    """``torch.distributed.init_process_group`` with its arguments (``backend`` first, default
+    ``"denseccl"``), for every launch. Under an MPI launcher (mpiexec, mpirun, srun), rank and
+    world size come from MPI, and without ``init_method``, ``store`` or
+    ``MASTER_ADDR``/``MASTER_PORT``, rank 0 opens a TCPStore on a free port and tells the others
+    over MPI, so nothing needs configuring. Elsewhere (torchrun, spawn) it is torch's own call.
+    ``timeout``: a ``datetime.timedelta`` or seconds; every step of the bootstrap honours it."""
+    seconds = config.seconds(timeout, "timeout")
+    if seconds is not None:
+        kwargs["timeout"] = datetime.timedelta(seconds=seconds)
+    if launched_by_mpi():
+        if init_method is None and store is None and needs_mpi_rendezvous():
+            init_method = f"{_rendezvous.SCHEME}://"
+        if rank == -1 or world_size == -1:
+            from mpi4py import MPI  # noqa: PLC0415
 
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    wait = timeout or datetime.timedelta(minutes=5)
-    if init_method is None and "store" not in kwargs and not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
-        hosts = world.allgather(socket.gethostname())
-        host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
-        store = dist.TCPStore(host, 0, size, is_master=True, timeout=wait, wait_for_workers=False) if rank == 0 else None
-        port = world.bcast(store.port if store is not None else None, root=0)
-        if store is None:
-            store = dist.TCPStore(host, port, size, is_master=False, timeout=wait)
-        kwargs["store"] = store
-    elif init_method is None and "store" not in kwargs:
-        init_method = "env://"
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    dist.init_process_group(BACKEND_NAME, init_method=init_method, rank=rank, world_size=size, **kwargs)
+            rank = MPI.COMM_WORLD.Get_rank() if rank == -1 else rank
+            world_size = MPI.COMM_WORLD.Get_size() if world_size == -1 else world_size
+        if init_method == f"{_rendezvous.SCHEME}://":
+            rank = world_size = -1  # the rendezvous says (and checks) them
+    dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank, store=store, **kwargs)
 
 
 __all__ = [

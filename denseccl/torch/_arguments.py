@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .. import config
-from ..errors import LayoutError
+from ..errors import OpError
 from ..ops import OpLike, PreMulSum
 
 _RED = dist.ReduceOp.RedOpType
@@ -30,12 +30,12 @@ def reduce_op(op: Any) -> OpLike:
         factor = op.factor
         if isinstance(factor, torch.Tensor):
             if factor.numel() != 1:
-                raise LayoutError(f"PREMUL_SUM needs one scale factor, got a tensor of shape {tuple(factor.shape)}")
+                raise OpError(f"PREMUL_SUM needs one scale factor, got a tensor of shape {tuple(factor.shape)}")
             factor = factor.item()
         return PreMulSum(float(factor))
     name = _OPS.get(kind)
     if name is None:
-        raise LayoutError(f"reduce op {kind} is not supported by the denseccl backend (use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM)")
+        raise OpError(f"reduce op {kind} is not supported by the denseccl backend (use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM)")
     return name
 
 

@@ -33,7 +33,7 @@ def raising_everywhere(comm: Communicator, collective: str) -> Iterator[None]:
     rank (:func:`fail_everywhere`)."""
     try:
         yield
-    except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+    except Exception as error:
         fail_everywhere(comm, collective, error)
         raise  # unreachable: fail_everywhere raises
 
@@ -67,9 +67,9 @@ def chain(issues: Sequence[Issue], outputs: List[torch.Tensor]) -> Issue:
         finishes: List[Callable[[], Any]] = []
         try:
             for one in issues:
-                more, finish = one()
+                more, then = one()
                 steps.extend(more)
-                finishes.append(finish)
+                finishes.append(then)
         except BaseException:
             _settle(steps)
             raise

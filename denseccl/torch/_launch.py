@@ -1,36 +1,50 @@
-"""The MPI side of a process group's launch.
+"""Which engine moves a process group's CPU tensors, and the MPI side of a group's launch.
 
-CPU tensors move over MPI, so a group needs an MPI communicator whose ranks are torch's ranks
-in the same order. This module says whether that can exist in this process (started by an
-MPI launcher, mpi4py installed) and builds it, refusing with a message that says how to launch
-when torch's rank or world size disagrees with MPI's. Without one, CUDA tensors still work.
+A job started by an MPI launcher (mpiexec, mpirun, srun with PMI) moves CPU tensors over MPI:
+the group needs an MPI communicator whose ranks are torch's ranks in the same order, which this
+module builds, refusing with a message that says how to launch when torch's rank or world size
+disagrees with MPI's. Any other launch (torchrun, ``mp.spawn``, env://, file://, tcp://) moves
+them over the gloo engine (denseccl/transports/gloo.py), made from the group's own store.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional, Sequence, Tuple
+
+import torch.distributed as dist
 
 from ..config import launched_by_mpi
 from ..errors import DenseCCLError
+from ..transports.store import wait_for_keys
 
 
-def host_problem(size: int) -> Optional[str]:
-    """Why a group of ``size`` ranks cannot move CPU tensors over MPI in this process, or None
-    if it can. Started by an MPI launcher without mpi4py is an error, raised here."""
-    if not launched_by_mpi() and size > 1:
-        return (
-            f"the denseccl backend moves CPU tensors over MPI, but this process was not started by an MPI "
-            f"launcher: launch all {size} ranks with mpiexec -n {size} (or launch/run -n {size}) and give "
-            "torch the MPI rank (denseccl.torch.init_process_group() does that). CUDA tensors work without "
-            "one (their NCCL communicator bootstraps over torch's store)"
+def host_engine() -> str:
+    """``"mpi"`` under an MPI launcher (mpi4py must then be installed), else ``"gloo"``."""
+    if launched_by_mpi():
+        try:
+            import mpi4py.MPI  # noqa: F401, PLC0415
+        except ImportError as error:
+            raise DenseCCLError(
+                f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'"
+            ) from None
+        return "mpi"
+    if not dist.is_gloo_available():
+        raise DenseCCLError(
+            "denseccl: this torch was built without gloo, which moves CPU tensors when no MPI launcher started the "
+            "job; "
+            "launch with mpiexec (pip install 'denseccl[mpi]')"
         )
-    try:
-        import mpi4py.MPI  # noqa: F401, PLC0415
-    except ImportError as error:
-        if launched_by_mpi():
-            raise DenseCCLError(f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'") from None
-        return f"the denseccl backend moves CPU tensors over MPI, and mpi4py is not installed ({error}): pip install 'denseccl[mpi]'"
-    return None
+    return "gloo"
+
+
+def arrive(store: Any, rank: int, size: int, timeout: Optional[float], what: str) -> None:
+    """Return once every rank of a group has reached this point (each sets its key on the
+    group's store); CollectiveTimeoutError after ``timeout`` seconds. Run before a blocking
+    collective setup step, so that a member that never comes cannot hold the others forever."""
+    store.set(f"denseccl/arrived/{rank}", b"1")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    wait_for_keys(store, [f"denseccl/arrived/{r}" for r in range(size)], deadline, what)
 
 
 def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, bool]:

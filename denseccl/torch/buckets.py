@@ -20,7 +20,7 @@ from ._tensors import dense_strides_like
 class Slot(NamedTuple):
     """Where one tensor lives in a bucket."""
 
-    index: int  # position in the list given to pack()
+    index: int  # type: ignore[assignment]  # position in the list given to pack() (shadows tuple.index)
     offset: int  # element offset of its span in the flat buffer
     shape: Tuple[int, ...]
     strides: Tuple[int, ...]

@@ -48,7 +48,7 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[Devic
         return [[] for _ in devices]
     packed = buckets.pack(tensors)
     count = len(tensors)
-    copies = []
+    copies: List[Any] = []
     for device in devices:
         if all(_same_device(t.device, device) for t in tensors) and not copies:
             copies.append(list(tensors))

@@ -11,7 +11,7 @@ so they live in a mixin that :class:`~.process_group.ProcessGroupDenseCCL` inher
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, ContextManager, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,7 +21,7 @@ from ..communicator import Communicator
 from ..errors import LayoutError
 from ..ops import OpLike
 from ._arguments import as_list, options, reduce_op
-from ._issue import Issue, chain, fail_everywhere, one_step, raising_everywhere, start_each
+from ._issue import Issue, chain, one_step, raising_everywhere, start_each
 from ._tensors import block_key, is_dense, is_stacked, key_of, not_dense_message, overlap, stack_like, stacked_view, staging_stack
 
 
@@ -48,6 +48,7 @@ class GatherScatter:
     staged_operations: int
     _communicator: Callable[[Sequence[torch.Tensor], str], Communicator]
     _run: Callable[..., dist.Work]
+    _arguments: Callable[..., ContextManager[None]]
 
     # -- allgather ---------------------------------------------------------------------------
 
@@ -55,10 +56,11 @@ class GatherScatter:
         """``output_tensors[i][r]`` gets rank ``r``'s ``input_tensors[i]``, in its own layout:
         denseccl gathers into a stacked buffer with the input's layout, then each output is
         copied from its block."""
-        opts = options(opts, _c10d.AllgatherOptions)
-        inputs = as_list(input_tensors)
-        outputs = [list(group) for group in output_tensors]
-        comm = self._communicator(inputs, "allgather")
+        with self._arguments("allgather", output_tensors, input_tensors):
+            opts = options(opts, _c10d.AllgatherOptions)
+            inputs = as_list(input_tensors)
+            outputs = [list(group) for group in output_tensors]
+            comm = self._communicator(inputs, "allgather")
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather"):
@@ -66,7 +68,7 @@ class GatherScatter:
                     raise LayoutError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
                 for inp, outs in zip(inputs, outputs):
                     _check_gather_list(inp, outs, self._group_size, "allgather")
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
+            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
 
             def finish() -> List[List[torch.Tensor]]:
                 for work, outs in zip(works, outputs):
@@ -81,10 +83,11 @@ class GatherScatter:
 
     def allgather_coalesced(self, output_lists: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
         """``output_lists[r][i]`` gets rank ``r``'s ``input_tensors[i]``."""
-        opts = options(opts, _c10d.AllgatherOptions)
-        inputs = as_list(input_tensors)
-        per_rank = [list(outs) for outs in output_lists]
-        comm = self._communicator(inputs, "allgather_coalesced")
+        with self._arguments("allgather_coalesced", output_lists):
+            opts = options(opts, _c10d.AllgatherOptions)
+            inputs = as_list(input_tensors)
+            per_rank = [list(outs) for outs in output_lists]
+            comm = self._communicator(inputs, "allgather_coalesced")
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather_coalesced"):
@@ -95,7 +98,7 @@ class GatherScatter:
                     )
                 for i, inp in enumerate(inputs):
                     _check_gather_list(inp, [outs[i] for outs in per_rank], self._group_size, "allgather_coalesced")
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])
+            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
 
             def finish() -> List[List[torch.Tensor]]:
                 for i, work in enumerate(works):
@@ -112,8 +115,9 @@ class GatherScatter:
         along dim 0) or ``(size, d0, ...)``. When dim 0 is outermost in ``output``'s memory and
         its blocks have the input's layout, denseccl gathers straight into it; otherwise it
         gathers into a stacked buffer and copies (staging)."""
-        opts = options(opts, _c10d.AllgatherOptions)
-        comm = self._communicator([output, input], "all_gather_into_tensor")
+        with self._arguments("all_gather_single", output, input):
+            opts = options(opts, _c10d.AllgatherOptions)
+            comm = self._communicator([output, input], "all_gather_into_tensor")
         return self._run("all_gather_into_tensor", opts, input.device, self._gather_single(comm, output, input))
 
     _allgather_base = all_gather_single
@@ -135,11 +139,12 @@ class GatherScatter:
         return issue
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.AllgatherOptions)
-        outputs, inputs = as_list(outputs), as_list(inputs)
-        comm = self._communicator(inputs, "all_gather_into_tensor_coalesced")
-        if len(outputs) != len(inputs):
-            fail_everywhere(comm, "allgather", LayoutError(f"{len(outputs)} outputs for {len(inputs)} inputs"))
+        with self._arguments("all_gather_single_coalesced", outputs):
+            opts = options(opts, _c10d.AllgatherOptions)
+            outputs, inputs = as_list(outputs), as_list(inputs)
+            comm = self._communicator(inputs, "all_gather_into_tensor_coalesced")
+            if len(outputs) != len(inputs):
+                raise LayoutError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
         issues = [self._gather_single(comm, o, i) for o, i in zip(outputs, inputs)]
         return self._run("all_gather_into_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
 
@@ -151,12 +156,13 @@ class GatherScatter:
         """``output_tensors[i]`` gets the reduction of every rank's ``input_lists[i][rank]``.
         The inputs are stacked (copied) into a buffer whose blocks have the output's layout, so
         the result lands in the output directly."""
-        opts = options(opts, _c10d.ReduceScatterOptions)
-        outputs = as_list(output_tensors)
-        lists = [list(group) for group in input_lists]
-        comm = self._communicator(outputs, "reduce_scatter")
-        op = reduce_op(opts.reduceOp)
-        size = self._group_size
+        with self._arguments("reduce_scatter", output_tensors):
+            opts = options(opts, _c10d.ReduceScatterOptions)
+            outputs = as_list(output_tensors)
+            lists = [list(group) for group in input_lists]
+            comm = self._communicator(outputs, "reduce_scatter")
+            op = reduce_op(opts.reduceOp)
+            size = self._group_size
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             stacks = []
@@ -189,9 +195,10 @@ class GatherScatter:
         """``reduce_scatter_tensor``: ``input`` is ``(size * d0, ...)`` or ``(size, d0, ...)``.
         When dim 0 is outermost in the input's memory its blocks are spans and denseccl reduces
         it in place of a stacked buffer; otherwise the input is staged (copied) into one."""
-        opts = options(opts, _c10d.ReduceScatterOptions)
-        comm = self._communicator([output, input], "reduce_scatter_tensor")
-        op = reduce_op(opts.reduceOp)
+        with self._arguments("reduce_scatter_single", output, input):
+            opts = options(opts, _c10d.ReduceScatterOptions)
+            comm = self._communicator([output, input], "reduce_scatter_tensor")
+            op = reduce_op(opts.reduceOp)
         return self._run("reduce_scatter_tensor", opts, input.device, self._scatter_single(comm, output, input, op))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -220,12 +227,13 @@ class GatherScatter:
         return issue
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.ReduceScatterOptions)
-        outputs, inputs = as_list(outputs), as_list(inputs)
-        comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
-        op = reduce_op(opts.reduceOp)
-        if len(outputs) != len(inputs):
-            fail_everywhere(comm, "reduce_scatter", LayoutError(f"{len(outputs)} outputs for {len(inputs)} inputs"))
+        with self._arguments("reduce_scatter_single_coalesced", outputs):
+            opts = options(opts, _c10d.ReduceScatterOptions)
+            outputs, inputs = as_list(outputs), as_list(inputs)
+            comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
+            op = reduce_op(opts.reduceOp)
+            if len(outputs) != len(inputs):
+                raise LayoutError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
         issues = [self._scatter_single(comm, o, i, op) for o, i in zip(outputs, inputs)]
         return self._run("reduce_scatter_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
 
@@ -234,11 +242,12 @@ class GatherScatter:
     # -- gather / scatter (via allgather / broadcast: every rank moves the whole data) -------
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.GatherOptions)
-        inputs = as_list(input_tensors)
-        comm = self._communicator(inputs, "gather")
-        root = opts.rootRank
-        outs = list(output_tensors[0]) if self._group_rank == root and len(output_tensors) else []
+        with self._arguments("gather", output_tensors, input_tensors):
+            opts = options(opts, _c10d.GatherOptions)
+            inputs = as_list(input_tensors)
+            comm = self._communicator(inputs, "gather")
+            root = opts.rootRank
+            outs = list(output_tensors[0]) if self._group_rank == root and len(output_tensors) else []
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather"):
@@ -258,13 +267,14 @@ class GatherScatter:
         return self._run("gather", opts, inputs[0].device, issue)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.ScatterOptions)
-        outputs = as_list(output_tensors)
-        comm = self._communicator(outputs, "scatter")
-        root = opts.rootRank
-        size = self._group_size
-        out = outputs[0]
-        stack = stack_like(out, size)
+        with self._arguments("scatter", output_tensors, input_tensors):
+            opts = options(opts, _c10d.ScatterOptions)
+            outputs = as_list(output_tensors)
+            comm = self._communicator(outputs, "scatter")
+            root = opts.rootRank
+            size = self._group_size
+            out = outputs[0]
+            stack = stack_like(out, size)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "broadcast"):

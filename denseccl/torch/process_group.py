@@ -2,10 +2,12 @@
 collectives run on each tensor's storage span, in whatever dense layout it has, after the
 cross-rank agreement check.
 
-CPU tensors move over denseccl's MPI transport (the job is launched with ``mpiexec``; the torch
-rank must be the MPI rank). CUDA tensors move over its NCCL transport, created on the first CUDA
-collective. ``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does
-not offer) run on an MPI communicator this group owns, for CPU tensors (:mod:`._extras`).
+CPU tensors move over denseccl's MPI transport when an MPI launcher started the job (the torch
+rank must be the MPI rank), and over the gloo engine otherwise (torchrun, ``mp.spawn``, env://,
+file://, tcp://: torch's gloo moves each span as a flat 1-D view, made from this group's store).
+CUDA tensors move over the NCCL transport, created on the first CUDA collective.
+``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does not offer)
+run on an MPI communicator or a gloo group this group owns, for CPU tensors (:mod:`.all_to_all_p2p`).
 
 This module holds the group itself (registration, communicators, lifecycle) and its
 elementwise collectives; the gather and scatter family, with its staging of dim-0 concatenated
@@ -17,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -27,13 +29,13 @@ from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
-from . import buckets
+from . import all_to_all_p2p, buckets
 from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
-from ._issue import Issue, raising_everywhere, start_each
-from ._launch import host_problem, mpi_group
+from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
+from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
-from .work import AsyncWork, Operation, Progress, completed_work, new_future
+from .progress import AsyncWork, Operation, Progress, completed_work, new_future
 
 BACKEND_NAME = "denseccl"
 
@@ -57,7 +59,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
         self._host: Optional[Communicator] = None
-        self._aux: Any = None  # mpi4py duplicate for point-to-point and all-to-all
+        self._aux: Any = None  # the engine of point-to-point and all-to-all (all_to_all_p2p)
         self._device: Optional[Communicator] = None
         self._host_problem: Optional[str] = None
         self._names: dict = {}
@@ -66,12 +68,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     # -- setup -------------------------------------------------------------------------------
 
     def _setup_host(self) -> None:
-        """The MPI communicators that move CPU tensors, where this process can have them."""
-        self._host_problem = host_problem(self._group_size)
-        if self._host_problem is None:
-            self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
-            self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
-            self._aux = self._mpi_group.Dup()
+        """The communicator that moves CPU tensors: MPI under an MPI launcher, else the gloo
+        engine on this group's store; and the engine of all-to-all and send/recv."""
+        if host_engine() == "gloo":
+            self._host = denseccl_init(backend="gloo", store=self._store, rank=self._group_rank, size=self._group_size, timeout=self._seconds or 0)
+            self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
+            return
+        if self._global_ranks:  # MPI_Comm_create_group blocks until every member calls it
+            arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
+        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
+        self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
+        self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -83,7 +90,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         kind = kinds.pop()
         if kind == "cpu":
             if self._host is None:
-                raise DenseCCLError(self._host_problem or "denseccl: no MPI communicator for CPU tensors")
+                raise DenseCCLError(self._host_problem or "denseccl: no communicator for CPU tensors")
             return self._host
         if kind == "cuda":
             return self._device_communicator(tensors[0].device)
@@ -104,12 +111,27 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                     self._device = denseccl_init(backend="nccl", device=index, timeout=self._seconds or 0, **where)
             except DenseCCLError:
                 raise
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 raise DenseCCLError(
                     f"denseccl: could not create the NCCL communicator for CUDA tensors ({type(error).__name__}: {error}); "
                     "it needs CuPy with NCCL: pip install 'denseccl[cuda12]'"
                 ) from error
         return self._device
+
+    @contextlib.contextmanager
+    def _arguments(self, what: str, *given: Any) -> Iterator[None]:
+        """Where a call reads torch's arguments (options, op, tensors, their device): a failure
+        there is raised on every rank, through the agreement step the peers' call takes first
+        (on the communicator of the tensors' device, else the host's), so that no peer waits
+        and no peer's call pairs with this rank's next one. Must cover only steps before the
+        call's first agreement."""
+        try:
+            yield
+        except Exception as error:
+            comm = self._device if self._device is not None and _any_cuda(given) else self._host
+            if comm is None:
+                raise
+            fail_everywhere(comm, what, error)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -152,16 +174,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     @property
     def host_communicator(self) -> Optional[Communicator]:
-        """The denseccl communicator that moves CPU tensors (None without an MPI launch)."""
+        """The denseccl communicator that moves CPU tensors (MPI or the gloo engine)."""
         return self._host
 
     # -- elementwise collectives -------------------------------------------------------------
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.AllreduceOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "allreduce")
-        op = reduce_op(opts.reduceOp)
+        with self._arguments("allreduce", tensors):
+            opts = options(opts, _c10d.AllreduceOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "allreduce")
+            op = reduce_op(opts.reduceOp)
 
         now = synchronous_on_host(opts, tensors)
 
@@ -170,7 +193,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     comm.allreduce(t, op)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
             return works, lambda: tensors
 
         return self._run("allreduce", opts, tensors[0].device, issue)
@@ -178,10 +201,11 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
         bucket of spans, covered by that agreement; the results are copied back run by run."""
-        opts = options(opts, _c10d.AllreduceCoalescedOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "allreduce_coalesced")
-        op = reduce_op(opts.reduceOp)
+        with self._arguments("allreduce_coalesced", tensors):
+            opts = options(opts, _c10d.AllreduceCoalescedOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "allreduce_coalesced")
+            op = reduce_op(opts.reduceOp)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allreduce_coalesced"):
@@ -191,7 +215,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
                 packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
             with comm.flow.covered(descriptor):
-                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])
+                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])  # type: ignore[misc]  # lambda t=t binds each tensor
 
             def finish() -> List[torch.Tensor]:
                 buckets.unpack(packed, tensors)
@@ -202,11 +226,12 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         return self._run("allreduce_coalesced", opts, tensors[0].device, issue)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.ReduceOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "reduce")
-        op = reduce_op(opts.reduceOp)
-        root = opts.rootRank
+        with self._arguments("reduce", tensors):
+            opts = options(opts, _c10d.ReduceOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "reduce")
+            op = reduce_op(opts.reduceOp)
+            root = opts.rootRank
 
         now = synchronous_on_host(opts, tensors)
 
@@ -215,16 +240,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     comm.reduce(t, root, op)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
             return works, lambda: tensors
 
         return self._run("reduce", opts, tensors[0].device, issue)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.BroadcastOptions)
-        tensors = as_list(tensors)
-        comm = self._communicator(tensors, "broadcast")
-        root = opts.rootRank
+        with self._arguments("broadcast", tensors):
+            opts = options(opts, _c10d.BroadcastOptions)
+            tensors = as_list(tensors)
+            comm = self._communicator(tensors, "broadcast")
+            root = opts.rootRank
 
         now = synchronous_on_host(opts, tensors)
 
@@ -233,7 +259,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     comm.broadcast(t, root)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])
+            works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
             return works, lambda: tensors
 
         return self._run("broadcast", opts, tensors[0].device, issue)
@@ -250,7 +276,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         comm.barrier()
         return completed_work([])
 
-    # -- outside denseccl's core: all-to-all and point-to-point, on this group's MPI duplicate --
+    # -- outside denseccl's core: all-to-all and point-to-point, on this group's engine --------
 
     def _aux_comm(self, tensors: Sequence[torch.Tensor], what: str) -> Any:
         if any(t.device.type != "cpu" for t in tensors):
@@ -259,43 +285,39 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
         if self._aux is None:
-            raise DenseCCLError(self._host_problem or f"denseccl: no MPI communicator for {what}")
+            raise DenseCCLError(self._host_problem or f"denseccl: no engine for {what}")
         return self._aux
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:  # noqa: A002
         """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r``. Runs row-major: a tensor
         that is not row-major is staged through a contiguous copy."""
-        opts = options(opts, _c10d.AllToAllOptions)
-        mpi = self._aux_comm([output, input], "all_to_all_single")
-        from . import _extras  # noqa: PLC0415
+        with self._arguments("all_to_all_single", output, input):
+            opts = options(opts, _c10d.AllToAllOptions)
+            engine = self._aux_comm([output, input], "all_to_all_single")
 
-        issue = _extras.all_to_all_single(self, mpi, output, input, list(output_split_sizes), list(input_split_sizes))
+        issue = all_to_all_p2p.all_to_all_single(self, engine, output, input, list(output_split_sizes), list(input_split_sizes))
         return self._run("all_to_all_single", opts, input.device, issue)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.AllToAllOptions)
-        outputs, inputs = as_list(output_tensors), as_list(input_tensors)
-        mpi = self._aux_comm(outputs + inputs, "all_to_all")
-        from . import _extras  # noqa: PLC0415
+        with self._arguments("alltoall", output_tensors, input_tensors):
+            opts = options(opts, _c10d.AllToAllOptions)
+            outputs, inputs = as_list(output_tensors), as_list(input_tensors)
+            engine = self._aux_comm(outputs + inputs, "all_to_all")
 
-        issue = _extras.alltoall(self, mpi, outputs, inputs)
+        issue = all_to_all_p2p.alltoall(self, engine, outputs, inputs)
         return self._run("all_to_all", opts, inputs[0].device, issue)
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        mpi = self._aux_comm(tensors, "send")
-        from . import _extras  # noqa: PLC0415
-
-        return self._run("send", None, tensors[0].device, _extras.send(mpi, tensors, dst, tag))
+        engine = self._aux_comm(tensors, "send")
+        return self._run("send", None, tensors[0].device, all_to_all_p2p.send(engine, tensors, dst, tag))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        mpi = self._aux_comm(tensors, "recv")
-        from . import _extras  # noqa: PLC0415
-
-        issue, source = _extras.recv(mpi, tensors, src, tag)
+        engine = self._aux_comm(tensors, "recv")
+        issue, source = all_to_all_p2p.recv(engine, tensors, src, tag)
         return self._run("recv", None, tensors[0].device, issue, source_rank=source)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> dist.Work:
@@ -324,16 +346,28 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         if self._mpi_group is not None:
             from mpi4py import MPI  # noqa: PLC0415
 
-            if not MPI.Is_finalized():
-                for mpi in (self._aux, self._mpi_group if self._owns_mpi_group else None):
-                    if mpi is not None and mpi != MPI.COMM_NULL:
-                        with contextlib.suppress(Exception):
-                            mpi.Free()
+            if not MPI.Is_finalized() and self._owns_mpi_group and self._mpi_group != MPI.COMM_NULL:
+                with contextlib.suppress(Exception):
+                    self._mpi_group.Free()
+        if self._aux is not None:
+            with contextlib.suppress(Exception):
+                self._aux.free()
         self._aux = self._mpi_group = None
         self._host_problem = "this process group has been shut down"
 
     def abort(self) -> None:
         self._progress.stop()
+
+
+def _any_cuda(given: Any) -> bool:
+    """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested once)."""
+    for thing in given:
+        items = thing if isinstance(thing, (list, tuple)) else [thing]
+        for item in items:
+            inner = item if isinstance(item, (list, tuple)) else [item]
+            if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inner):
+                return True
+    return False
 
 
 def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupDenseCCL:

@@ -13,6 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
 
+from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from ..ops import DType, Op
 
@@ -59,19 +60,88 @@ def abandon(*things: Any) -> None:
     _ABANDONED.append(things)
 
 
-def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64) -> None:
+class Waiting:
+    """How this process waits for its peers (one policy for the whole process: whether a peer
+    shares this rank's core is a fact of the host, not of a communicator).
+
+    Uncrowded, a wait polls ``spins`` times before it yields the core: a peer on another core
+    answers within microseconds, and a context switch would cost more than it saves. Crowded
+    (the host's ranks cannot each have a core of their own: cores.py), polling only keeps the
+    peer that must run off the core, so a wait gives the core up from its first turn on, after
+    a short burst of polls each turn (:data:`CROWDED_BURST`): it sleeps on its doorbell where
+    the host has them (doorbell.py), else it yields. Bootstrap decides (:meth:`note`);
+    ``DENSECCL_WAIT`` overrides it: ``spin`` waits as if uncrowded, ``yield`` as if crowded but
+    yielding instead of sleeping."""
+
+    __slots__ = ("crowded", "doorbells")
+
+    def __init__(self) -> None:
+        #: the host's ranks share cores: never poll more than a burst without giving the core up
+        self.crowded = False
+        #: where crowded waits sleep (doorbell.Doorbells), or None: they yield
+        self.doorbells: Any = None
+
+    def note(self, crowded: bool, doorbells: Any = None) -> None:
+        """Record what bootstrap found, unless ``DENSECCL_WAIT`` says otherwise. Only ever
+        turns crowding on: a sub-communicator's ranks compete for the cores with every other
+        rank of the host. ``doorbells``: the host's (the largest set wins)."""
+        policy = config.settings().wait
+        self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
+        if policy == "auto" and doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size):
+            if self.doorbells is not None:
+                self.doorbells.retire()
+            self.doorbells = doorbells
+
+    def spins(self, spins: int) -> int:
+        """How many of ``spins`` polls a caller may make before it waits (:func:`wait_until`)."""
+        return 0 if self.crowded else spins
+
+    def ring(self) -> None:
+        """Wake the peers that sleep on their doorbells (crowded hosts; else nothing)."""
+        if self.crowded and self.doorbells is not None:
+            self.doorbells.ring()
+
+
+#: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
+#: collectives take a few progress calls of their own after the peer has delivered (MPICH's
+#: small allreduce: three, ~0.2 us each), and sleeping between those would hand the core to
+#: the peer for nothing
+CROWDED_BURST = 4
+#: this process's waiting policy
+WAITING = Waiting()
+
+
+def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64, burst: int = CROWDED_BURST) -> None:
     """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
-    (ranks may outnumber cores), then sleep briefly (a long wait for a slow peer should not burn
-    a core). Raise :class:`CollectiveTimeoutError` once ``deadline`` has passed."""
+    after every poll, then sleep briefly (a long wait for a slow peer should not burn a core).
+    Where ranks share cores (:class:`Waiting`) it gives the core up from the first turn on,
+    after a burst of ``burst`` polls each turn (1 for a test only a peer can make true): it
+    sleeps on its doorbell, or yields. Raise :class:`CollectiveTimeoutError` once ``deadline``
+    has passed."""
+    per_turn, doze = 1, None
+    if WAITING.crowded:
+        spins, per_turn = 0, burst
+        doorbells = WAITING.doorbells
+        if doorbells is not None:
+            doze = doorbells.doze
     for _ in range(spins):
         if test():
             return
     started = time.monotonic()
-    polls = 0
-    while not test():
-        polls += 1
-        if polls & 31:
-            os.sched_yield()
+    turns = 0
+    while True:
+        for _ in range(per_turn):
+            if test():
+                if doze is not None:
+                    WAITING.ring()  # a peer may sleep waiting for what this completion did
+                return
+        turns += 1
+        if turns & 31:
+            if doze is None:
+                os.sched_yield()
+            elif doze(test):
+                WAITING.ring()
+                return
             continue
         now = time.monotonic()
         if deadline is not None and now > deadline:
@@ -81,7 +151,7 @@ def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, s
                 "broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers "
                 "are just slow"
             )
-        if now - started > 0.05:
+        if now - started > 0.05 and doze is None:
             time.sleep(0.0002)
 
 

@@ -15,55 +15,59 @@ Two sets of lines, used by alternate calls, make that safe without a second hand
 rewrites a line for call ``k + 2`` only after it has seen every peer arrive at call ``k + 1``,
 and a peer arrives there only after it has read everything of call ``k``.
 
-Reading a peer's values after its sequence number relies on stores becoming visible in program
-order (x86-64's total store order); other processors use the MPI path. The page is a file in
-``/dev/shm`` that rank 0 creates and unlinks as soon as every rank has mapped it, so nothing
-is left behind and closing is local.
+The page is an MPI shared-memory window (``MPI.Win.Allocate_shared`` on the ranks' node
+communicator): the MPI library allocates and maps it, so no file of ours exists at any time,
+and nothing is left behind when a job is killed. Ordering follows MPI's unified memory model,
+as mpi4py's ``util/sync.py`` does: a passive-target epoch open for the board's life
+(``Lock_all``), and ``Win.Sync`` (a memory barrier) between writing the values and publishing
+the sequence number, and between seeing every peer's sequence number and reading their
+values. No processor's store order is assumed.
+
+Closing is local: ``Win.Free`` waits for every rank of the window, and a rank must be able to
+close while a peer is gone, so a closed board's window stays allocated (a few kilobytes) until
+the process ends.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import platform
-import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from .. import config
 from ..errors import peer_gave_up_error
-from .base import wait_until
+from . import cores
+from .base import WAITING, wait_until
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, padding)
 LINE = 8
-#: where the page lives; a RAM-backed filesystem every rank of a host sees
-DIRECTORY = "/dev/shm"
 #: reads of a peer's line before the wait starts yielding the core (about a millisecond)
 SPINS = 20000
-#: the same when the host runs more ranks than it has cores: a spinning rank would keep the
-#: peer it waits for off the core
-CROWDED_SPINS = 16
-_TSO_MACHINES = {"x86_64", "amd64", "i686", "i386"}
+#: closed boards' windows: ``Win.Free`` is collective, so they live until the process ends
+_RETIRED: List[Any] = []
 
 
 def usable_here() -> bool:
-    """Whether this host can use a board: ordered stores and a shared-memory directory, and
-    not switched off with ``DENSECCL_SHARED_AGREEMENT=0``."""
-    if not config.settings().shared_agreement:
-        return False
-    return platform.machine().lower() in _TSO_MACHINES and os.path.isdir(DIRECTORY)
+    """Whether boards are on (``DENSECCL_SHARED_AGREEMENT``, default on)."""
+    return config.settings().shared_agreement
 
 
 class Board:
-    """One communicator's board: ``all_equal`` is the agreement step for its ``size`` ranks."""
+    """One communicator's board: ``all_equal`` is the agreement step for its ``size`` ranks.
 
-    def __init__(self, mapping: mmap.mmap, rank: int, size: int, crowded: bool = False) -> None:
+    ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed; ``sync``: the memory barrier that orders its stores and loads across ranks
+    (``Win.Sync``); ``window``: the MPI window that owns ``memory``, retired on close."""
+
+    def __init__(
+        self, memory: Any, rank: int, size: int, crowded: bool = False,
+        sync: Optional[Callable[[], Any]] = None, window: Any = None,
+    ) -> None:
         self.rank = rank
         self.size = size
-        #: more ranks on this host than cores: waits yield the core at once
+        #: the host's ranks cannot each have a core of their own (cores.py): waits yield at once
         self.crowded = crowded
-        self._spins = CROWDED_SPINS if crowded else SPINS
-        self._mapping = mapping
-        self._words = memoryview(mapping).cast("q")
+        self._spins = 0 if crowded else SPINS
+        self._words = memoryview(memory).cast("B").cast("q")
+        self._sync = sync if sync is not None else _no_barrier
+        self._window = window
         self._sequence = 0
         #: drives the MPI library's progress while a wait lasts (Board.open sets an Iprobe)
         self.progress: Optional[Callable[[], Any]] = None
@@ -80,44 +84,32 @@ class Board:
     @classmethod
     def open(cls, comm: Any, crowded: Optional[bool] = None) -> Optional["Board"]:
         """A board for the mpi4py communicator ``comm`` (collective over ``comm``), or None where
-        its ranks do not all share this host's memory or the host cannot use one. ``crowded``:
-        whether the host runs more ranks than cores (a split passes its parent's; by default,
-        ``comm``'s ranks against the host's cores)."""
+        its ranks do not all share this host's memory or boards are off. ``crowded``: whether
+        the host's ranks share cores (a split passes its parent's; by default judged here
+        from every rank of this host, cores.py). Either way the process's waits follow it
+        (``base.WAITING``)."""
         from mpi4py import MPI  # noqa: PLC0415 - the board is built on an MPI communicator
 
         rank, size = comm.Get_rank(), comm.Get_size()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        together = node.Get_size() == size
-        node.Free()
         if crowded is None:
-            crowded = size > (os.cpu_count() or 1)
-        if not comm.allreduce(together and usable_here(), op=MPI.LAND):
+            crowded = cores.host_crowded(comm)
+        else:
+            WAITING.note(crowded)
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        try:
+            if not comm.allreduce(node.Get_size() == size and usable_here(), op=MPI.LAND):
+                return None
+            window = _allocate(MPI, node, page_bytes(size))
+        finally:
+            node.Free()  # the window keeps what it needs of it
+        if not comm.allreduce(window is not None, op=MPI.LAND):
+            if window is not None:
+                _RETIRED.append(window)
             return None
-        path = None
-        if rank == 0:
-            try:
-                path = _create(page_bytes(size))
-            except OSError:
-                pass  # no board: the agreement takes the MPI path
-        path = comm.bcast(path, root=0)
-        board = None
-        if path is not None:
-            try:
-                board = _map(path, rank, size, crowded)
-            except OSError:
-                pass
-        if board is not None:  # every rank writes its cookie, then checks everyone's
-            board._words[rank * LINE + 1] = _cookie(rank)
-        comm.Barrier()
-        if rank == 0 and path is not None:
-            os.unlink(path)
-        seen = board is not None and all(board._words[p * LINE + 1] == _cookie(p) for p in range(size))
-        if not comm.allreduce(seen, op=MPI.LAND):
-            if board is not None:
-                board.close()
-            return None
+        memory, _ = window.Shared_query(0)
+        board = cls(memory, rank, size, crowded, window.Sync, window)
         board.progress = comm.Iprobe  # any MPI call progresses every request of this process
-        return board  # the first call uses the other parity's lines: the cookies may stay
+        return board
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
         """Post ``(value, invalid)``; True when every rank posted ``value`` and none is invalid.
@@ -127,11 +119,16 @@ class Board:
         words = self._words
         words[mine + 1] = value
         words[mine + 2] = 1 if invalid else 0
-        words[mine] = sequence  # last: a peer that sees it sees the values too
-        same = not invalid
+        self._sync()  # the values before the sequence number
+        words[mine] = sequence  # a peer that sees it sees the values too
+        if self.crowded:
+            WAITING.ring()  # a peer may sleep waiting for this sequence number
         for line in peers:
             if words[line] != sequence:
                 self._wait(line, sequence, deadline)
+        self._sync()  # every peer's values after its sequence number
+        same = not invalid
+        for line in peers:
             if words[line + 1] != value or words[line + 2]:
                 same = False
         return same
@@ -141,20 +138,19 @@ class Board:
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
-        progress = self.progress
-
-        flag = self._flag
+        progress, sync, flag = self.progress, self._sync, self._flag
 
         def arrived() -> bool:
             # MPI moves this rank's nonblocking transfers only inside MPI calls, and the peer
             # may be waiting for one of them before it can get here
             if progress is not None:
                 progress()
+            sync()
             if words[flag]:
                 raise peer_gave_up_error(words[flag] - 1)
             return words[line] == sequence
 
-        wait_until(arrived, deadline, "the agreement step", spins=0)
+        wait_until(arrived, deadline, "the agreement step", spins=0, burst=1)
 
     def give_up(self) -> None:
         """Raise the flag for this rank and retract its entries (see the module's docstring)."""
@@ -163,6 +159,8 @@ class Board:
             words[self._flag] = self.rank + 1
         for mine, _ in self._lines:
             words[mine] = -1
+        self._sync()  # out to the peers now
+        WAITING.ring()  # a peer asleep on its doorbell sees the flag at once
 
     def gave_up(self) -> Optional[int]:
         """The rank that gave up on a call, or None."""
@@ -170,12 +168,17 @@ class Board:
         return who - 1 if who else None
 
     def close(self) -> None:
-        """Unmap the page (local: peers need not take part)."""
-        if self._mapping.closed:
-            return
-        self.flag.release()
+        """Stop using the page (local: peers need not take part)."""
+        self.flag.release()  # idempotent
         self._words.release()
-        self._mapping.close()
+        window, self._window = self._window, None
+        if window is None:
+            return
+        try:
+            window.Unlock_all()
+        except Exception:  # noqa: BLE001 - MPI already finalized: nothing left to release
+            pass
+        _RETIRED.append(window)
 
 
 def page_bytes(size: int) -> int:
@@ -183,32 +186,29 @@ def page_bytes(size: int) -> int:
     return (2 * size + 1) * LINE * 8
 
 
-def _create(length: int) -> str:
-    """A new zero-filled file of ``length`` bytes in :data:`DIRECTORY`; its path."""
-    for attempt in range(100):
-        path = os.path.join(DIRECTORY, f"denseccl-board-{os.getpid()}-{time.monotonic_ns()}-{attempt}")
-        try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue
-        try:
-            os.ftruncate(descriptor, length)
-        finally:
-            os.close(descriptor)
-        return path
-    raise OSError(f"could not create a board file in {DIRECTORY}")
-
-
-def _map(path: str, rank: int, size: int, crowded: bool) -> Board:
-    descriptor = os.open(path, os.O_RDWR)
+def _allocate(MPI: Any, node: Any, nbytes: int) -> Any:
+    """The shared window: all of it on the node's first rank, zeroed before anyone reads it,
+    in a passive-target epoch that lasts until the board closes (what ``Win.Sync`` needs);
+    None where the MPI library cannot make one in the unified memory model (collective: the
+    model is the window's, the same on every rank)."""
     try:
-        mapping = mmap.mmap(descriptor, page_bytes(size))
-    finally:
-        os.close(descriptor)
-    return Board(mapping, rank, size, crowded)
+        window = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 8, comm=node)
+    except MPI.Exception:
+        return None
+    if window.model != MPI.WIN_UNIFIED:  # loads and stores would not see the window's public copy
+        _RETIRED.append(window)
+        return None
+    window.Lock_all(MPI.MODE_NOCHECK)
+    if node.Get_rank() == 0:
+        memory, _ = window.Shared_query(0)
+        view = memoryview(memory).cast("B")
+        view[:nbytes] = bytes(nbytes)
+        view.release()
+    window.Sync()
+    node.Barrier()
+    window.Sync()
+    return window
 
 
-def _cookie(rank: int) -> int:
-    """What rank ``rank`` writes into its line at setup: seeing every rank's proves the ranks
-    share the page (and not merely a file name)."""
-    return (rank + 1) * 0x9E3779B1
+def _no_barrier() -> None:
+    """Threads of one process (the unit tests) need no barrier of their own: the GIL orders them."""

@@ -21,7 +21,7 @@ import ctypes
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import numpy as np
 
@@ -109,7 +109,7 @@ class _Scratch(threading.local):
         self.right = np.empty(CHUNK, np.float32)
         self.bits = np.empty(CHUNK, np.uint32)
         self.more = np.empty(CHUNK, np.uint32)
-        self.nan = np.empty(CHUNK, np.bool_)
+        self.nan: np.ndarray = np.empty(CHUNK, np.bool_)
 
 
 _scratch = _Scratch()
@@ -128,7 +128,7 @@ def _widen_float16(half: np.ndarray, out: np.ndarray) -> None:
     """float16 -> float32: move sign, exponent and mantissa into place, then rebias the exponent
     by a float multiply (exact, subnormals included). inf/NaN come out as finite values of
     magnitude >= 65536 (no finite float16 reaches it): such a chunk is cast by NumPy instead."""
-    bits = out.view(np.int32)
+    bits: np.ndarray = out.view(np.int32)
     np.left_shift(half.view(np.int16), 16, out=bits, dtype=np.int32)  # sign at bit 31
     bits >>= 3  # exponent and mantissa at bits 13..27 (bits 28..30 copy the sign)
     bits &= np.int32(-0x70000001)  # 0x8FFFFFFF: clear bits 28..30
@@ -256,7 +256,7 @@ def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, ob
     return reduce_halves
 
 
-def _chunks(view: np.ndarray):  # type: ignore[no-untyped-def]
+def _chunks(view: np.ndarray) -> Iterator[Tuple[int, int]]:
     for start in range(0, view.size, CHUNK):
         yield start, start + CHUNK
 
@@ -296,7 +296,7 @@ def divide(view: np.ndarray, divisor: int, dtype: DType) -> None:
     elif dtype.kind in "iu":
         if divisor > np.iinfo(view.dtype).max:  # NumPy refuses a divisor the dtype cannot hold
             for start, stop in _chunks(view):
-                wide = view[start:stop].astype(np.int64)
+                wide: np.ndarray = view[start:stop].astype(np.int64)
                 view[start:stop] = np.sign(wide) * (np.abs(wide) // divisor)
             return
         for start, stop in _chunks(view):

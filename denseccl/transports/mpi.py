@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from functools import lru_cache
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from mpi4py import MPI
@@ -24,6 +25,7 @@ from mpi4py import MPI
 from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
 from .base import Pending, Transport, wait_until
+from .mpi_control import MPIControl, free_comm, open_control, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,
@@ -52,7 +54,6 @@ _BASE_OPS = {
     ReduceOp.MAX: MPI.MAX,
 }
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
-_HALF_OPS: Dict[Tuple[ReduceOp, str], Any] = {}
 #: a float16/bfloat16 allreduce of at least this many bytes that is waited for at once runs as
 #: reduce-scatter + allgather
 SPLIT_HALVES_BYTES = 1 << 20
@@ -62,13 +63,14 @@ def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
     if dtype.kind == "b":
         return _BOOL_MPI_OPS[BOOL_OPS[kind]]
     if host_kernels.is_half(dtype):
-        base = ReduceOp.SUM if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else kind
-        op = _HALF_OPS.get((base, dtype.name))
-        if op is None:
-            op = MPI.Op.Create(host_kernels.half_reduction(base, dtype), commute=True)
-            _HALF_OPS[(base, dtype.name)] = op
-        return op
+        return _half_op(ReduceOp.SUM if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) else kind, dtype)
     return _BASE_OPS[kind]
+
+
+@lru_cache(maxsize=None)
+def _half_op(kind: ReduceOp, dtype: DType) -> Any:
+    """The MPI user op reducing float16/bfloat16 by ``kind``, created once per process."""
+    return MPI.Op.Create(host_kernels.half_reduction(kind, dtype), commute=True)
 
 
 class MPIPending(Pending):
@@ -238,61 +240,42 @@ class MPITransport(Transport):
             return super().in_place(collective, count, dtype, op, root)
         if collective == "allreduce" and self._split_halves(count, dtype):  # allreduce_now each time
             return None
-        nbytes, mpi_type, IN_PLACE = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.IN_PLACE
+        nbytes, mpi_type = count * dtype.itemsize, _MPI_TYPES[dtype.name]
         fromaddress = MPI.buffer.fromaddress
         # The message of the last address: a loop over one array builds it once.
         last_address, last_message = 0, [fromaddress(0, 0), 0, mpi_type]
 
-        # One closure per call shape, each a direct method call: this is the per-call fast path.
+        # One closure for every call shape; the shapes differ only in the library call made on the
+        # message, each a direct call with everything else bound here: this is the per-call fast path.
+        mpi_op = None if kind is None else _mpi_op(kind, dtype)
+        iallreduce, ireduce, ibcast = self.comm.Iallreduce, self.comm.Ireduce, self.comm.Ibcast
+        mpi_in_place = MPI.IN_PLACE
+        issue: Callable[[Any], Any]
         if collective == "allreduce":
-            iallreduce, mpi_op = self.comm.Iallreduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
-
-            def start(address: int) -> Callable[[], bool]:
-                nonlocal last_address, last_message
-                if address != last_address:
-                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-                return iallreduce(IN_PLACE, last_message, mpi_op).Test
-
+            issue = lambda message: iallreduce(mpi_in_place, message, mpi_op)  # noqa: E731
         elif collective == "reduce" and self.rank == root:
-            ireduce, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
-
-            def start(address: int) -> Callable[[], bool]:
-                nonlocal last_address, last_message
-                if address != last_address:
-                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-                return ireduce(IN_PLACE, last_message, mpi_op, root).Test
-
+            issue = lambda message: ireduce(mpi_in_place, message, mpi_op, root)  # noqa: E731
         elif collective == "reduce":
-            ireduce, mpi_op = self.comm.Ireduce, _mpi_op(kind, dtype)  # type: ignore[arg-type]
-
-            def start(address: int) -> Callable[[], bool]:
-                nonlocal last_address, last_message
-                if address != last_address:
-                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-                return ireduce(last_message, None, mpi_op, root).Test
-
+            issue = lambda message: ireduce(message, None, mpi_op, root)  # noqa: E731
         elif collective == "broadcast":
-            ibcast = self.comm.Ibcast
-
-            def start(address: int) -> Callable[[], bool]:
-                nonlocal last_address, last_message
-                if address != last_address:
-                    last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-                return ibcast(last_message, root).Test
-
+            issue = lambda message: ibcast(message, root)  # noqa: E731
         else:
             return super().in_place(collective, count, dtype, op, root)
+
+        def start(address: int) -> Callable[[], bool]:
+            nonlocal last_address, last_message
+            if address != last_address:
+                last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
+            return issue(last_message).Test
+
         return start
 
     def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
-        part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if part == MPI.COMM_NULL else MPITransport(part)
+        part = split_comm(self.comm, color, key)
+        return None if part is None else MPITransport(part)
 
     def close(self) -> None:
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+        free_comm(self.comm)
 
-
-from .mpi_control import MPIControl, open_control  # noqa: E402 - the control channels built on MPI
 
 __all__ = ["MPIControl", "MPIPending", "MPITransport", "StepsPending", "open_control"]

@@ -21,6 +21,7 @@ from mpi4py import MPI
 
 from .. import log
 from ..errors import CommunicatorBrokenError, peer_gave_up_error
+from . import cores
 from .base import ControlChannel, Flag, abandon, wait_until
 from .board import Board
 
@@ -41,7 +42,7 @@ class MPIControl(ControlChannel):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        #: more ranks on this host than cores (passed on to splits); None where unknown
+        #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
         self.crowded = crowded
         self._sequence = 0
         # The agreement's [digest, -digest, invalid, sequence, -sequence] travels in one buffer
@@ -75,7 +76,7 @@ class MPIControl(ControlChannel):
         return buffer.tolist()
 
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
-        lengths = np.zeros(self.size, np.int64)
+        lengths: np.ndarray = np.zeros(self.size, np.int64)
         lengths[self.rank] = len(data)
         self._wait(self.comm.Iallgather(MPI.IN_PLACE, [lengths, MPI.INT64_T]), lengths, deadline)
         offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
@@ -126,12 +127,11 @@ class MPIControl(ControlChannel):
         os._exit(1)  # MPI_Abort may return before the launcher has ended this process
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
-        part = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if part == MPI.COMM_NULL else open_control(part, self.crowded)
+        part = split_comm(self.comm, color, key)
+        return None if part is None else open_control(part, self.crowded)
 
     def close(self) -> None:
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+        free_comm(self.comm)
 
 
 class BoardControl(ControlChannel):
@@ -174,10 +174,26 @@ class BoardControl(ControlChannel):
         self.mpi.close()
 
 
+def split_comm(comm: Any, color: Optional[int], key: int) -> Any:
+    """``comm.Split`` with ``None`` for "no color": the new communicator, or None where this rank
+    passed no color. Collective over ``comm``."""
+    part = comm.Split(MPI.UNDEFINED if color is None else color, key)
+    return None if part == MPI.COMM_NULL else part
+
+
+def free_comm(comm: Any) -> None:
+    """Free an owned communicator, unless MPI is already finalized (nothing left to free)."""
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
+
+
 def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
     """The control channel for the mpi4py communicator ``comm`` (which it then owns; collective
     over ``comm``): a board where every rank shares this host and can use one, MPI otherwise.
-    ``crowded``: whether the host runs more ranks than cores (a split passes its parent's)."""
+    ``crowded``: whether the host's ranks cannot each have a core of their own (a split
+    passes its parent's; by default judged here, cores.py)."""
+    if crowded is None and comm.Get_size() > 1:
+        crowded = cores.host_crowded(comm)
     mpi = MPIControl(comm, crowded)
     board = Board.open(comm, crowded) if mpi.size > 1 else None
     if board is None:
@@ -189,4 +205,4 @@ def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
     return BoardControl(board, mpi)
 
 
-__all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "open_control"]
+__all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "free_comm", "open_control", "split_comm"]

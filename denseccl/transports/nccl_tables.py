@@ -138,8 +138,8 @@ def _small_float_bytes(value: float, name: str) -> bytes:
     try:
         import ml_dtypes  # noqa: PLC0415 - optional
     except ImportError:
-        ml_dtypes = None
-    if ml_dtypes is not None:
+        pass
+    else:
         return np.array(value, np.float64).astype(getattr(ml_dtypes, name)).tobytes()
     try:
         import torch  # noqa: PLC0415 - optional

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 import time
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from .base import ControlChannel
@@ -45,7 +45,7 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
         try:
             store.wait(keys, timedelta(seconds=max(span, 0.001)))
             return
-        except Exception as error:  # noqa: BLE001 - torch raises DistStoreError on a timed-out wait
+        except Exception as error:
             if not _is_timeout(error):
                 raise
 
@@ -130,18 +130,9 @@ class SoloControl(ControlChannel):
         return None if color is None else SoloControl()
 
 
-_INSTANCES: Dict[str, int] = {}
-
-
-def next_prefix(base: str) -> str:
-    """``base/N`` with N counting the communicators this process built on ``base``; ranks that
-    create communicators in the same order get the same prefixes (SPMD)."""
-    number = _INSTANCES.get(base, 0)
-    _INSTANCES[base] = number + 1
-    return f"{base}/{number}"
-
-
-def tcp_store(host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = 300.0) -> Any:
+def tcp_store(
+    host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = 300.0
+) -> Any:
     """A torch ``TCPStore`` client (and, on rank 0 unless ``is_master`` says otherwise, the
     server) at ``host:port``. torch is imported only here."""
     try:
@@ -149,10 +140,11 @@ def tcp_store(host: str, port: int, rank: int, size: int, *, is_master: Optional
     except ImportError as error:
         raise DenseCCLError(
             f"a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) needs torch's TCPStore to "
-            f"exchange the NCCL unique id ({error}); install torch, or launch with mpiexec (pip install 'denseccl[mpi]')"
+            f"exchange the NCCL unique id ({error}); install torch, or launch with mpiexec "
+            "(pip install 'denseccl[mpi]')"
         ) from None
     master = rank == 0 if is_master is None else is_master
     return TCPStore(host, int(port), size, master, timeout=timedelta(seconds=timeout), wait_for_workers=False)
 
 
-__all__ = ["SoloControl", "StoreControl", "next_prefix", "tcp_store", "wait_for_keys"]
+__all__ = ["SoloControl", "StoreControl", "tcp_store", "wait_for_keys"]

@@ -222,7 +222,10 @@ class Report:
             self.failures.append(what)
 
     def summary(self) -> Dict[str, Any]:
-        return {"checks": self.checks, "failures": len(self.failures), "first_failures": self.failures[:20], "skipped": self.skipped[:20]}
+        return {
+            "checks": self.checks, "failures": len(self.failures), "first_failures": self.failures[:20],
+            "skipped": self.skipped[:20],
+        }
 
 
 def _equal(got: np.ndarray, want: np.ndarray) -> bool:
@@ -262,7 +265,9 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
             x = lib.make(ins[rank], strides, dtype)
             result = comm.allreduce(x, op_arg(op, dtype))
             report.check(result is x, f"{label} allreduce {op}: not in place")
-            report.check(_equal(lib.read(x), reference(ins, op, factor_for(dtype))), f"{label} allreduce {op}: wrong values")
+            report.check(
+                _equal(lib.read(x), reference(ins, op, factor_for(dtype))), f"{label} allreduce {op}: wrong values"
+            )
 
         attempt(f"allreduce {op}", allreduce)
 
@@ -275,7 +280,10 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
             out = lib.make(np.zeros(shape, _storage(dtype)), strides, dtype)
             result = comm.allreduce(x, op_arg(op, dtype), out=out)
             report.check(result is out, f"{label} allreduce out=: result is not out")
-            report.check(_equal(lib.read(out), reference(ins, op, factor_for(dtype))), f"{label} allreduce {op} out=: wrong values")
+            report.check(
+                _equal(lib.read(out), reference(ins, op, factor_for(dtype))),
+                f"{label} allreduce {op} out=: wrong values",
+            )
             report.check(_equal(lib.read(x), widen(ins[rank])), f"{label} allreduce out=: input changed")
 
         def reduce_in_place(root: int = size - 1) -> None:
@@ -291,7 +299,10 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
             out = lib.make(np.zeros(shape, _storage(dtype)), strides, dtype)
             comm.reduce(x, root, op_arg(op, dtype), out=out)
             if rank == root:
-                report.check(_equal(lib.read(out), reference(ins, op, factor_for(dtype))), f"{label} reduce {op} out=: wrong values")
+                report.check(
+                    _equal(lib.read(out), reference(ins, op, factor_for(dtype))),
+                    f"{label} reduce {op} out=: wrong values",
+                )
             report.check(_equal(lib.read(x), widen(ins[rank])), f"{label} reduce out=: input changed")
 
         def reduce_scatter(use_out: bool, op: str) -> None:
@@ -302,8 +313,13 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
             want = reference([v[rank] for v in ins], op, factor_for(dtype))
             report.check(_equal(lib.read(result), want), f"{label} reduce_scatter {op} out={use_out}: wrong values")
             if out is None:
-                report.check(_same_layout(result, shape, strides), f"{label} reduce_scatter: result strides {lib.strides(result)} != {strides}")
-                report.check(lib.where(result) == lib.where(x), f"{label} reduce_scatter: result on {lib.where(result)}")
+                report.check(
+                    _same_layout(result, shape, strides),
+                    f"{label} reduce_scatter: result strides {lib.strides(result)} != {strides}",
+                )
+                report.check(
+                    lib.where(result) == lib.where(x), f"{label} reduce_scatter: result on {lib.where(result)}"
+                )
             else:
                 report.check(result is out, f"{label} reduce_scatter out=: result is not out")
 
@@ -317,7 +333,9 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
         ins = inputs(200)
         x = lib.make(ins[rank], strides, dtype)
         result = comm.broadcast(x, root)
-        report.check(result is x and _equal(lib.read(x), widen(ins[root])), f"{label} broadcast root={root}: wrong values")
+        report.check(
+            result is x and _equal(lib.read(x), widen(ins[root])), f"{label} broadcast root={root}: wrong values"
+        )
 
     def allgather(use_out: bool) -> None:
         ins = inputs(201)
@@ -327,7 +345,10 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
         want = np.stack([widen(v) for v in ins])
         report.check(_equal(lib.read(result), want), f"{label} allgather out={use_out}: wrong values")
         if out is None:
-            report.check(_same_layout(result, big.shape, big.strides), f"{label} allgather: result strides {lib.strides(result)} != stacked {big.strides}")
+            report.check(
+                _same_layout(result, big.shape, big.strides),
+                f"{label} allgather: result strides {lib.strides(result)} != stacked {big.strides}",
+            )
             report.check(lib.where(result) == lib.where(x), f"{label} allgather: result on {lib.where(result)}")
 
     attempt("broadcast", broadcast)
@@ -352,7 +373,10 @@ def run_matrix(comm: Any, libs: Sequence[Tuple[Any, Sequence[str]]], layouts: Op
     return report
 
 
-CUPY_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint32", "uint64", "bool", "complex64", "complex128", "int16"]
+CUPY_DTYPES = [
+    "float16", "float32", "float64", "int8", "uint8", "int32", "int64", "uint32", "uint64", "bool", "complex64",
+    "complex128", "int16",
+]
 TORCH_DTYPES = ["bfloat16", "float16", "float32", "int64", "uint8", "bool", "complex64"]
 FP8_DTYPES = ["float8_e4m3fn", "float8_e5m2"]
 

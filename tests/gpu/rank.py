@@ -52,6 +52,14 @@ def check(condition: bool, what: str) -> None:
         FAILURES.append(what)
 
 
+def watchdog_verdict(comm, started: float, limit: float, pause: float, what: str) -> None:
+    """Wait (at most ``limit`` s after ``started``) until the watchdog marks ``comm`` broken,
+    then check that it did so for a call that did not complete."""
+    while comm.broken is None and time.monotonic() - started < limit:
+        time.sleep(pause)
+    check(comm.broken is not None and "did not complete" in comm.broken, f"{what}: watchdog verdict {comm.broken}")
+
+
 RANK = [0]
 
 
@@ -60,19 +68,21 @@ def emit(scenario: str, **fields: object) -> None:
 
 
 def init(**options: object) -> denseccl.Communicator:
-    if not os.environ.get("WORLD_SIZE") and not any(os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
+    if not os.environ.get("WORLD_SIZE") and not any(
+        os.environ.get(v) for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+    ):
         options.setdefault("size", 1)
     return denseccl.init(backend="nccl", **options)  # type: ignore[arg-type]
 
 
-def ones(n: int = 4, value: float = 1.0):  # noqa: ANN201
+def ones(n: int = 4, value: float = 1.0):
     return cupy_from_host(np.full(n, value, np.float32))
 
 
 # -- scenarios --------------------------------------------------------------------------------
 
 
-def probe(comm) -> None:  # noqa: ANN001
+def probe(comm) -> None:
     x = ones()
     comm.allreduce(x)
     check(np.all(cupy_to_host(x) == comm.size), f"probe: {cupy_to_host(x)}")
@@ -80,11 +90,11 @@ def probe(comm) -> None:  # noqa: ANN001
 
     from denseccl.transports.nccl_tables import version_string
 
-    emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device, nccl=version_string(nccl.get_version()),
-         hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
+    emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device,
+         nccl=version_string(nccl.get_version()), hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
 
 
-def run_matrix(comm) -> None:  # noqa: ANN001
+def run_matrix(comm) -> None:
     from denseccl.transports.nccl_tables import FP8_SINCE
 
     started = time.monotonic()
@@ -93,7 +103,7 @@ def run_matrix(comm) -> None:  # noqa: ANN001
     emit("matrix", seconds=round(time.monotonic() - started, 1), **report.summary())
 
 
-def mismatch(comm) -> None:  # noqa: ANN001
+def mismatch(comm) -> None:
     import cupy
 
     rank = comm.rank
@@ -124,15 +134,15 @@ def mismatch(comm) -> None:  # noqa: ANN001
 class _Spy:
     """Wraps the NcclCommunicator to record the stream argument of every call."""
 
-    def __init__(self, inner) -> None:  # noqa: ANN001
+    def __init__(self, inner) -> None:
         self.inner = inner
         self.streams: list = []
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         attribute = getattr(self.inner, name)
         if name in ("allReduce", "reduce", "broadcast", "allGather", "reduceScatter"):
 
-            def call(*args):  # noqa: ANN002, ANN202
+            def call(*args):
                 self.streams.append(args[-1])
                 return attribute(*args)
 
@@ -140,7 +150,7 @@ class _Spy:
         return attribute
 
 
-def streams(comm) -> None:  # noqa: ANN001
+def streams(comm) -> None:
     import cupy
 
     spy = _Spy(comm.transport.comm)
@@ -179,7 +189,7 @@ def streams(comm) -> None:  # noqa: ANN001
     emit("streams", ok=not FAILURES)
 
 
-def split(comm) -> None:  # noqa: ANN001
+def split(comm) -> None:
     rank, size = comm.rank, comm.size
     try:
         part = comm.split(0, key=-rank)
@@ -198,13 +208,13 @@ def split(comm) -> None:  # noqa: ANN001
     emit("split", ok=not FAILURES)
 
 
-def _shared_store():  # noqa: ANN202
+def _shared_store():
     from denseccl import nccl_bootstrap
 
     return next(iter(nccl_bootstrap._STORES.values()), None)
 
 
-def faults(comm) -> None:  # noqa: ANN001
+def faults(comm) -> None:
     """Rank 0 meets three kinds of peer that never join; the other ranks stay alive (but idle)
     until rank 0 is done, so that NCCL sees a hang, not a closed connection."""
     rank = comm.rank
@@ -225,7 +235,9 @@ def faults(comm) -> None:  # noqa: ANN001
         agreement.allreduce(xs[0])
         check(False, "faults: no CollectiveTimeoutError in the agreement step")
     except CollectiveTimeoutError:
-        check(2.5 < time.monotonic() - started < 30, f"faults: agreement timeout after {time.monotonic() - started:.1f} s")
+        check(
+            2.5 < time.monotonic() - started < 30, f"faults: agreement timeout after {time.monotonic() - started:.1f} s"
+        )
     try:
         agreement.allreduce(xs[0])
         check(False, "faults: a timed-out communicator still works")
@@ -244,9 +256,7 @@ def faults(comm) -> None:  # noqa: ANN001
     started = time.monotonic()
     watched.allreduce(xs[2])  # synchronous call: returns at once, the GPU waits
     check(time.monotonic() - started < 2, "faults: a synchronous call blocked the host")
-    while watched.broken is None and time.monotonic() - started < 30:
-        time.sleep(0.1)
-    check(watched.broken is not None and "did not complete" in watched.broken, f"faults: watchdog verdict {watched.broken}")
+    watchdog_verdict(watched, started, 30, 0.1, "faults")
     try:
         watched.allreduce(xs[3])
         check(False, "faults: the watchdog-aborted communicator still works")
@@ -262,7 +272,7 @@ def faults(comm) -> None:  # noqa: ANN001
 HANG_GATE = 5.0  # seconds a host function blocks each stream (ncclCommAbort may wait for it)
 
 
-def hang1(comm) -> None:  # noqa: ANN001
+def hang1(comm) -> None:
     """One rank: a stream blocked by a host function stands in for a peer that never comes."""
     import cupy
 
@@ -288,16 +298,17 @@ def hang1(comm) -> None:  # noqa: ANN001
         started = time.monotonic()
         second.allreduce(xs[1], stream=streams[1])
         check(time.monotonic() - started < 1, "hang1: a synchronous call blocked the host")
-        while second.broken is None and time.monotonic() - started < 20:
-            time.sleep(0.05)
-        check(second.broken is not None and "did not complete" in second.broken, f"hang1: watchdog verdict {second.broken}")
+        watchdog_verdict(second, started, 20, 0.05, "hang1")
     finally:
         for gate in gates:
             gate.set()
     emit("hang1", ok=not FAILURES)
 
 
-SCENARIOS = {"probe": probe, "matrix": run_matrix, "mismatch": mismatch, "streams": streams, "split": split, "faults": faults, "hang1": hang1}
+SCENARIOS = {
+    "probe": probe, "matrix": run_matrix, "mismatch": mismatch, "streams": streams, "split": split, "faults": faults,
+    "hang1": hang1,
+}
 
 
 def main() -> None:

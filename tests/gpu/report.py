@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ElementTree
 from typing import Dict, Iterator, List, Tuple
 
 
-def _try(what: str, thunk) -> str:  # noqa: ANN001
+def _try(what: str, thunk) -> str:
     try:
         return str(thunk())
     except Exception as error:  # noqa: BLE001 - a report names what it could not read

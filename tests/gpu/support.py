@@ -70,7 +70,9 @@ def host_strided(shape: Sequence[int], strides: Sequence[int], dtype: Any) -> np
     numel = prod(shape)
     lowest = span_start(shape, strides) if numel else 0
     base = np.zeros(max(numel, 1), item)
-    return np.ndarray(shape, item, buffer=base, offset=-lowest * item.itemsize, strides=tuple(s * item.itemsize for s in strides))
+    return np.ndarray(
+        shape, item, buffer=base, offset=-lowest * item.itemsize, strides=tuple(s * item.itemsize for s in strides)
+    )
 
 
 def _span(shape: Sequence[int], strides: Sequence[int]) -> tuple:
@@ -87,7 +89,9 @@ def cupy_from_host(host: np.ndarray) -> Any:
     lo, numel = _span(host.shape, strides)
     memory = cupy.cuda.alloc(max(numel, 1) * item)
     if numel:
-        cupy.cuda.runtime.memcpy(memory.ptr, host.ctypes.data + lo * item, numel * item, cupy.cuda.runtime.memcpyHostToDevice)
+        cupy.cuda.runtime.memcpy(
+            memory.ptr, host.ctypes.data + lo * item, numel * item, cupy.cuda.runtime.memcpyHostToDevice
+        )
     return cupy.ndarray(host.shape, host.dtype, memptr=memory + (-lo * item), strides=host.strides)
 
 
@@ -100,7 +104,9 @@ def cupy_to_host(array: Any) -> np.ndarray:
     host = host_strided(array.shape, strides, array.dtype)
     lo, numel = _span(array.shape, strides)
     if numel:
-        cupy.cuda.runtime.memcpy(host.ctypes.data + lo * item, array.data.ptr + lo * item, numel * item, cupy.cuda.runtime.memcpyDeviceToHost)
+        cupy.cuda.runtime.memcpy(
+            host.ctypes.data + lo * item, array.data.ptr + lo * item, numel * item, cupy.cuda.runtime.memcpyDeviceToHost
+        )
     return host
 
 
@@ -185,7 +191,10 @@ def spawn_ranks(
         env.update(rank_env(rank, size, port, split_hosts=split_hosts))
         env.update(extra_env or {})
         processes.append(
-            subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+            subprocess.Popen(
+                [sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                cwd=str(ROOT),
+            )
         )
     results = []
     deadline = time.monotonic() + timeout  # one limit for all ranks together
@@ -210,7 +219,8 @@ def spawn_ranks(
 
 def describe(results: List[Dict[str, Any]], tail: int = 4000) -> str:
     return "\n".join(
-        f"--- rank {r['rank']} exited {r['returncode']}\n{r['stdout'][-tail:]}\n--- stderr\n{r['stderr'][-tail:]}" for r in results
+        f"--- rank {r['rank']} exited {r['returncode']}\n{r['stdout'][-tail:]}\n--- stderr\n{r['stderr'][-tail:]}"
+        for r in results
     )
 
 

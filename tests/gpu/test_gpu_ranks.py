@@ -26,14 +26,21 @@ def mode():
 
 
 def test_two_ranks_collectives(mode):
-    results = spawn_ranks(2, ["tests/gpu/rank.py", "probe,matrix,mismatch,streams,split"], split_hosts=mode["split_hosts"], timeout=inner_timeout(150))
+    results = spawn_ranks(
+        2, ["tests/gpu/rank.py", "probe,matrix,mismatch,streams,split"], split_hosts=mode["split_hosts"],
+        timeout=inner_timeout(150),
+    )
     assert all(r["returncode"] == 0 for r in results), describe(results)
     matrix_lines = [line for r in results for line in r["json"] if line.get("scenario") == "matrix"]
-    assert len(matrix_lines) == 2 and all(line["failures"] == 0 and line["checks"] > 1000 for line in matrix_lines), matrix_lines
+    assert len(matrix_lines) == 2 and all(line["failures"] == 0 and line["checks"] > 1000 for line in matrix_lines), (
+        matrix_lines
+    )
 
 
 def test_two_ranks_faults(mode):
-    results = spawn_ranks(2, ["tests/gpu/rank.py", "faults"], split_hosts=mode["split_hosts"], timeout=inner_timeout(90))
+    results = spawn_ranks(
+        2, ["tests/gpu/rank.py", "faults"], split_hosts=mode["split_hosts"], timeout=inner_timeout(90)
+    )
     assert all(r["returncode"] == 0 for r in results), describe(results)
 
 
@@ -50,7 +57,11 @@ def test_two_ranks_under_mpiexec(mode):
         subprocess.run([sys.executable, "-c", "from mpi4py import MPI"], check=True, capture_output=True, timeout=60)
     except Exception as error:  # noqa: BLE001
         pytest.skip(f"mpi4py does not start here: {error}")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+    }
     env.update(PYTHONPATH=str(ROOT), DENSECCL_SPLIT_HOSTS="1" if mode["split_hosts"] else "0", PYTHONUNBUFFERED="1")
     try:
         process = subprocess.run(

@@ -29,7 +29,9 @@ def key(t):
 
 def channels_last_net(device="cuda:0"):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)
+    )
     return model.to(device).to(memory_format=CL)
 
 
@@ -95,7 +97,9 @@ def test_replicas_are_channels_last_where_torchs_are_not():
 def test_process_group_on_cuda_tensors_single_rank():
     """The "denseccl" backend with one rank: the NCCL transport is created on the first CUDA
     collective; layouts are kept, staging happens where dim 0 is not outermost."""
-    dist.init_process_group("denseccl", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "denseccl", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=60)
+    )
     try:
         pg = dist.group.WORLD
         x = torch.arange(24.0, device="cuda").reshape(2, 3, 2, 2).to(memory_format=CL)

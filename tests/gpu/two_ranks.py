@@ -20,18 +20,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.gpu.support import inner_timeout, spawn_ranks  # noqa: E402
+from tests.gpu.support import inner_timeout, spawn_ranks
 
 
 def attempt(split_hosts: bool) -> dict:
     total = inner_timeout(150.0)  # both attempts within what run.sh gives the probe
     limit = total * (0.6 if split_hosts else 0.4)
-    results = spawn_ranks(2, ["tests/gpu/rank.py", "probe"], split_hosts=split_hosts, timeout=limit, extra_env={"CUDA_VISIBLE_DEVICES": "0"})
+    results = spawn_ranks(
+        2, ["tests/gpu/rank.py", "probe"], split_hosts=split_hosts, timeout=limit,
+        extra_env={"CUDA_VISIBLE_DEVICES": "0"},
+    )
     text = "\n".join(r["stdout"] + r["stderr"] for r in results)
     ok = all(r["returncode"] == 0 for r in results)
     verdict = "works" if ok else ("refused: Duplicate GPU detected" if "Duplicate GPU" in text else "failed")
     tail = [line for line in text.splitlines() if "NCCL" in line or "Error" in line or "error" in line][-12:]
-    return {"split_hosts": split_hosts, "ok": ok, "verdict": verdict, "probe": [j for r in results for j in r["json"]], "evidence": tail}
+    return {
+        "split_hosts": split_hosts, "ok": ok, "verdict": verdict, "probe": [j for r in results for j in r["json"]],
+        "evidence": tail,
+    }
 
 
 def main() -> None:

@@ -320,7 +320,7 @@ def split_by_rank(stdout: str) -> Dict[int, str]:
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when this process dies, however it dies (mpiexec on the
     head node is in no PID namespace that would take it down)."""
-    import ctypes  # noqa: PLC0415
+    import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 

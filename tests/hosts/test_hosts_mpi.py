@@ -43,7 +43,7 @@ def test_placement_and_agreement_paths(simhosts: SimHosts, hosts: int, per_host:
 @pytest.mark.parametrize("hosts, per_host", LAYOUTS, ids=IDS)
 def test_collectives_on_random_layouts(simhosts: SimHosts, hosts: int, per_host: int) -> None:
     """A seeded sample of tests/mpi's full matrix (every dtype, op, mode and layout kind)."""
-    from tests.mpi.test_collectives import matrix  # noqa: PLC0415 - the cases of the one-host suite
+    from tests.mpi.test_collectives import matrix
 
     cases = matrix(hosts * per_host)
     cases = [case for number, case in enumerate(cases) if number % 3 == (hosts + per_host) % 3]  # a third each

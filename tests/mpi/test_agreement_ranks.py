@@ -26,6 +26,8 @@ def test_mismatch_matrix(nranks, args):
 def test_the_matrix_detects_a_missing_check():
     """With the agreement check off, the same program must fail (silently wrong sums, buffers
     written): the matrix can fail."""
-    done = run_ranks(2, SCRIPT, [], timeout=150, env={"DENSECCL_CHECK": "off", "DENSECCL_TIMEOUT": "1"}, expect_failure=True)
+    done = run_ranks(
+        2, SCRIPT, [], timeout=150, env={"DENSECCL_CHECK": "off", "DENSECCL_TIMEOUT": "1"}, expect_failure=True
+    )
     assert "no error raised (expected MismatchError)" in done.stdout
     assert "a buffer was written" in done.stdout

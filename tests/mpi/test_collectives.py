@@ -25,7 +25,10 @@ RANKS = Path(__file__).parent / "ranks"
 SCRIPT = RANKS / "collectives.py"
 ENV = {"DENSECCL_TIMEOUT": "20"}
 
-NUMPY_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "uint64", "bool", "complex64", "complex128"]
+NUMPY_DTYPES = [
+    "float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "uint64", "bool", "complex64",
+    "complex128",
+]
 TORCH_DTYPES = ["bfloat16", "float16", "float32", "int64", "int8", "uint8", "bool", "complex64"]
 REDUCING = ["allreduce", "reduce", "reduce_scatter"]
 MODES = {"allreduce": ["inplace", "out"], "reduce": ["inplace", "out"], "reduce_scatter": ["new", "out"],
@@ -62,7 +65,9 @@ def run_batch(nranks: int, cases: List[Dict[str, Any]], tmp_path: Path, timeout:
 def cases(draw, libs=("numpy",)) -> Dict[str, Any]:
     lib = draw(st.sampled_from(libs))
     dtype = draw(st.sampled_from(NUMPY_DTYPES if lib == "numpy" else TORCH_DTYPES))
-    collective = draw(st.sampled_from(["allreduce", "allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "barrier"]))
+    collective = draw(
+        st.sampled_from(["allreduce", "allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "barrier"])
+    )
     op = None
     if collective in REDUCING:
         op = draw(st.sampled_from(ops_for(dtype)))
@@ -157,25 +162,34 @@ def matrix(nranks: int) -> List[Dict[str, Any]]:
     # long halves: several CHUNKs of the host kernels, exact on two ranks
     for lib, dtype in (("torch", "bfloat16"), ("numpy", "float16")):
         for op in ("sum", "avg", {"premul": 0.25}):
-            out.append({
-                "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": [300, 250],
-                "order": [1, 0], "flips": [], "odd": [0, 0], "out_odd": [0, 0], "mode": "out", "async": False, "seed": next(seed),
-            })
+            out.append(
+                {
+                    "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": [300, 250],
+                    "order": [1, 0], "flips": [], "odd": [0, 0], "out_odd": [0, 0], "mode": "out", "async": False,
+                    "seed": next(seed),
+                }
+            )
     # large halves (over 1 MiB; an element count that 3 and 4 ranks do not divide): MPICH's
     # algorithms for user ops on long messages
     for lib, dtype in (("numpy", "float16"), ("torch", "bfloat16")):
-        for number, (op, mode) in enumerate((("sum", "inplace"), ("avg", "out"), ({"premul": 0.25}, "inplace"), ("max", "out"))):
+        for number, (op, mode) in enumerate(
+            (("sum", "inplace"), ("avg", "out"), ({"premul": 0.25}, "inplace"), ("max", "out"))
+        ):
             out.append({
-                "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0, "shape": list(LARGE_HALF_SHAPE),
+                "collective": "allreduce", "dtype": dtype, "lib": lib, "op": op, "root": 0,
+                "shape": list(LARGE_HALF_SHAPE),
                 "order": [1, 0], "flips": [0] if lib == "numpy" else [], "odd": [0, 0], "out_odd": [0, 0], "mode": mode,
                 "async": number % 2 == 1, "seed": next(seed),
             })
     # broadcast from every root
     for root in range(nranks):
-        out.append({
-            "collective": "broadcast", "dtype": "int32", "lib": "numpy", "op": None, "root": root, "shape": [2, 3],
-            "order": [1, 0], "flips": [0], "odd": [0, 0], "out_odd": [0, 0], "mode": "inplace", "async": False, "seed": next(seed),
-        })
+        out.append(
+            {
+                "collective": "broadcast", "dtype": "int32", "lib": "numpy", "op": None, "root": root, "shape": [2, 3],
+                "order": [1, 0], "flips": [0], "odd": [0, 0], "out_odd": [0, 0], "mode": "inplace", "async": False,
+                "seed": next(seed),
+            }
+        )
     out.append(dict(out[-1], collective="barrier"))
     return out
 

@@ -108,7 +108,9 @@ def empty_strided(shape: Sequence[int], strides: Sequence[int], dtype: str, lib:
     item = np.dtype(dtype)
     lowest = sum((size - 1) * stride for size, stride in zip(shape, strides) if stride < 0) if numel else 0
     base = np.empty(numel, item)
-    return np.ndarray(shape, item, buffer=base, offset=-lowest * item.itemsize, strides=tuple(s * item.itemsize for s in strides))
+    return np.ndarray(
+        shape, item, buffer=base, offset=-lowest * item.itemsize, strides=tuple(s * item.itemsize for s in strides)
+    )
 
 
 def filled(values: np.ndarray, strides: Sequence[int], dtype: str, lib: str = "numpy") -> Any:
@@ -154,7 +156,9 @@ def raw_bytes(array: Any) -> bytes:
         base = array
         while isinstance(base.base, np.ndarray):
             base = base.base
-        return bytes(np.ascontiguousarray(base).view(np.uint8).reshape(-1)) + bytes(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+        return bytes(np.ascontiguousarray(base).view(np.uint8).reshape(-1)) + bytes(
+            np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        )
     import torch
 
     return torch.empty(0, dtype=torch.uint8).set_(array.untyped_storage()).numpy().tobytes()

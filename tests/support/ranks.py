@@ -58,6 +58,20 @@ def launch(path: str, nranks: int) -> Tuple[List[str], Dict[str, str]]:
     return [path, "-n", str(nranks)], {}
 
 
+def kill_session(session: int) -> None:
+    """SIGKILL every process of ``session`` (a job started with ``start_new_session``): MPICH's
+    launcher gives each rank a process group of its own, so killing the launcher's group
+    leaves the ranks running."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == session:
+                os.kill(int(entry), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def run_ranks(
     nranks: int,
     script: os.PathLike | str,
@@ -67,25 +81,26 @@ def run_ranks(
     env: Optional[Dict[str, str]] = None,
     expect_failure: Optional[bool] = False,
     mpiexec_flags: Sequence[str] = (),
+    launcher: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """Run ``python script *args`` on ``nranks`` ranks; assert it succeeded (or failed, with
     ``expect_failure``; ``None`` asserts neither, for rank programs that leave with
     ``os._exit`` and whose summaries are the verdict) and return the completed process (stdout
-    and stderr as text)."""
+    and stderr as text). ``launcher``: a command that runs mpiexec (e.g. ``taskset -c 0``)."""
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.setdefault("DENSECCL_TIMEOUT", "60")
     prefix, needs = launch(mpiexec(), nranks)
     environment.update(needs)
     environment.update(env or {})
-    command = [prefix[0], *mpiexec_flags, *prefix[1:], sys.executable, str(script), *map(str, args)]
+    command = [*launcher, prefix[0], *mpiexec_flags, *prefix[1:], sys.executable, str(script), *map(str, args)]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_session(process.pid)
         stdout, stderr = process.communicate()
         raise AssertionError(
             f"{' '.join(command)} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
@@ -114,7 +129,9 @@ def remove_orphaned_segments(before: set) -> None:
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "mpich_shm_" in line)
+            mapped.update(
+                line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "mpich_shm_" in line
+            )
         except OSError:
             continue
     for segment in new:

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
-from tests.support.ranks import ROOT, run_ranks  # noqa: E402
+from tests.support.ranks import ROOT, run_ranks
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = [pytest.mark.torch, pytest.mark.mpi]
@@ -33,8 +33,15 @@ def test_subgroups_and_meshes_of_every_shape(n):
     passed(run_ranks(n, RANKS / "subgroups.py", timeout=300), n)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_adapter_errors_on_one_rank_raise_everywhere(n):
+    """Issue 10 item 3: an unsupported op, a meta tensor, mixed devices, bad argument lists or
+    splits on one rank only: every rank raises, and the next collective pairs correctly."""
+    passed(run_ranks(n, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), n)
+
+
 def test_init_methods_and_rank_check():
-    result = run_ranks(2, RANKS / "init_methods.py", timeout=120)
+    result = run_ranks(2, RANKS / "init_methods.py", timeout=120, env={"DENSECCL_TIMEOUT": ""})
     passed(result, 2)
     assert result.stdout.count("torch rank") == 2, "each rank explains the rank mismatch"
 

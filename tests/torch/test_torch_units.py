@@ -18,7 +18,7 @@ import denseccl.torch as dt  # noqa: E402
 from denseccl.torch import _tensors, buckets  # noqa: E402
 from denseccl.torch._arguments import reduce_op  # noqa: E402
 from denseccl.torch.process_group import ProcessGroupDenseCCL  # noqa: E402
-from denseccl.torch.work import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
+from denseccl.torch.progress import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -61,17 +61,54 @@ def test_reduce_ops_map_to_denseccl_ops():
     assert [reduce_op(op) for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)] == ["sum", "prod", "min", "max", "avg"]
     assert reduce_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
     assert reduce_op(dist._make_nccl_premul_sum(torch.tensor([0.25]))) == denseccl.PreMulSum(0.25)
-    with pytest.raises(denseccl.LayoutError, match="not supported"):
+    with pytest.raises(denseccl.OpError, match="not supported"):
         reduce_op(R.BXOR)
 
 
-def test_cpu_collective_without_mpi_launch_says_to_use_mpiexec(monkeypatch):
-    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+def test_core_api_takes_torch_and_mpi4py_ops():
+    """denseccl's own calls accept torch's ReduceOp members and mpi4py's ops that name a
+    supported reduction; the others raise OpError (a ValueError, not a LayoutError) listing
+    what is supported."""
+    from denseccl.ops import ReduceOp, as_op
+
+    R = dist.ReduceOp
+    for given, want in ((R.SUM, ReduceOp.SUM), (R.PRODUCT, ReduceOp.PRODUCT), (R.MIN, ReduceOp.MIN), (R.MAX, ReduceOp.MAX), (R.AVG, ReduceOp.AVG)):
+        assert as_op(given) == want
+    assert as_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
+    for bad in (R.BAND, R.BOR, R.BXOR):
+        with pytest.raises(denseccl.OpError, match="SUM, PRODUCT, MIN, MAX, AVG") as info:
+            as_op(bad)
+        assert isinstance(info.value, ValueError) and not isinstance(info.value, denseccl.LayoutError)
+    MPI = pytest.importorskip("mpi4py.MPI")
+    for given, want in ((MPI.SUM, ReduceOp.SUM), (MPI.PROD, ReduceOp.PRODUCT), (MPI.MIN, ReduceOp.MIN), (MPI.MAX, ReduceOp.MAX)):
+        assert as_op(given) == want
+    for bad, name in ((MPI.LAND, "LAND"), (MPI.BXOR, "BXOR"), (MPI.MAXLOC, "MAXLOC")):
+        with pytest.raises(denseccl.OpError, match=f"MPI.{name} is not supported.*MPI.SUM, MPI.PROD, MPI.MIN"):
+            as_op(bad)
+    with pytest.raises(denseccl.OpError, match="'sum', 'prod', 'min', 'max', 'avg'"):
+        as_op("bogus")
+
+
+def test_group_without_mpi_launch_whose_peer_never_joins_times_out(monkeypatch):
+    """Without an MPI launcher CPU tensors move over the gloo engine, made from the group's
+    store; a peer that never joins makes its creation raise within the timeout."""
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
         monkeypatch.delenv(name, raising=False)
-    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=5))
-    assert pg.getBackendName() == "denseccl" and pg.size() == 2 and pg.rank() == 0
-    with pytest.raises(denseccl.DenseCCLError, match="mpiexec"):
-        pg.allreduce([torch.ones(3)])
+    started = time.monotonic()
+    with pytest.raises(denseccl.CollectiveTimeoutError, match="never joined"):
+        ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=2))
+    assert time.monotonic() - started < 10
+
+
+def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(monkeypatch):
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
+    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+    assert pg.getBackendName() == "denseccl" and pg.size() == 1 and pg.host_communicator.backend == "gloo"
+    x = torch.arange(6.0).view(2, 3).t()
+    pg.allreduce([x]).wait()
+    assert torch.equal(x, torch.arange(6.0).view(2, 3).t()) and x.stride() == (1, 3)
+    pg.shutdown()
 
 
 # -- tensor layout helpers --------------------------------------------------------------------
@@ -371,3 +408,21 @@ def test_dataparallel_without_gpus_runs_the_module_like_nn_dataparallel():
     ours(x).sum().backward()
     assert dt.grad_layout_violations(model) == []
 
+
+
+def test_timeouts_take_timedelta_or_seconds_everywhere():
+    """denseccl.init, Work.wait / synchronize and the torch group take a timeout as a
+    datetime.timedelta or as seconds (Work.wait used to raise a raw TypeError on a timedelta)."""
+    pytest.importorskip("mpi4py")
+    import numpy as np
+
+    with denseccl.init(backend="mpi", timeout=datetime.timedelta(seconds=7)) as comm:
+        assert comm.timeout == 7
+        x = np.ones(3)
+        assert comm.allreduce(x, async_op=True).wait(timeout=datetime.timedelta(seconds=5)) is x
+        assert comm.allreduce(x, async_op=True).wait(timeout=5) is x
+        assert comm.allreduce(x, async_op=True).synchronize(timeout=datetime.timedelta(milliseconds=2500)) is x
+        with pytest.raises(denseccl.DenseCCLError, match="number of seconds or a datetime.timedelta"):
+            comm.allreduce(x, async_op=True).wait(timeout="soon")
+    with denseccl.init(backend="mpi", timeout=12.5) as comm:
+        assert comm.timeout == 12.5

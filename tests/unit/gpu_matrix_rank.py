@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import denseccl  # noqa: E402
-from tests.gpu import matrix  # noqa: E402
+import denseccl
+from tests.gpu import matrix
 
 
 def main() -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from torch.distributed import TCPStore  # noqa: E402
+from torch.distributed import TCPStore
 
-from denseccl.agreement import Descriptor, agree  # noqa: E402
-from denseccl.errors import CollectiveTimeoutError, LayoutError, MismatchError  # noqa: E402
-from denseccl.transports.store import StoreControl  # noqa: E402
+from denseccl.agreement import Descriptor, agree
+from denseccl.errors import CollectiveTimeoutError, LayoutError, MismatchError
+from denseccl.transports.store import StoreControl
 
 
 def deadline(seconds: float = 30.0) -> float:

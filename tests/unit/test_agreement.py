@@ -158,7 +158,11 @@ def test_invalid_input_raises_its_own_error_there_and_mismatch_elsewhere():
         text = str(outcomes[rank])
         assert isinstance(outcomes[rank], denseccl.MismatchError)
         assert "mismatch" in text and "a peer's input failed validation" in text
-        assert "rank 1: allreduce with an invalid input (LayoutError: input float32 shape (3, 4) strides (8, 2) is not dense)" in text
+        assert (
+            "rank 1: allreduce with an invalid input "
+            "(LayoutError: input float32 shape (3, 4) strides (8, 2) is not dense)"
+            in text
+        )
         assert "ranks 0, 2: allreduce op=sum float32 shape (3, 4) strides (4, 1)" in text
 
 

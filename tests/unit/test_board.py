@@ -4,8 +4,6 @@ threads over one shared page. Real ranks use it in tests/mpi/test_agreement_path
 from __future__ import annotations
 
 import mmap
-import os
-import platform
 import threading
 import time
 
@@ -90,5 +88,4 @@ def test_close_is_local_and_idempotent() -> None:
 @pytest.mark.parametrize("word, on", [("0", False), ("off", False), ("1", True), ("", True)])
 def test_environment_switch(monkeypatch: pytest.MonkeyPatch, word: str, on: bool) -> None:
     monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", word)
-    host_can = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386") and os.path.isdir("/dev/shm")
-    assert board_module.usable_here() is (on and host_can)
+    assert board_module.usable_here() is on  # any processor: ordering comes from Win.Sync

@@ -24,7 +24,10 @@ def test_flag_names_the_setting():
 
 @pytest.mark.parametrize(
     "value, expected",
-    [(None, None), (0, 0.0), (2.5, 2.5), ("7", 7.0), (datetime.timedelta(minutes=2), 120.0), (datetime.timedelta(0), 0.0)],
+    [
+        (None, None), (0, 0.0), (2.5, 2.5), ("7", 7.0), (datetime.timedelta(minutes=2), 120.0),
+        (datetime.timedelta(0), 0.0),
+    ],
 )
 def test_seconds(value, expected):
     assert config.seconds(value, "timeout") == expected

@@ -23,7 +23,9 @@ def comm():
 
 
 def test_matrix_numpy_one_rank(comm):
-    report = matrix.run_matrix(comm, [(matrix.NumpyLib(), ["float16", "float32", "int8", "uint64", "bool", "complex64", "int16"])])
+    report = matrix.run_matrix(
+        comm, [(matrix.NumpyLib(), ["float16", "float32", "int8", "uint64", "bool", "complex64", "int16"])]
+    )
     assert report.failures == [], report.failures[:5]
     assert report.checks > 300
 

@@ -17,9 +17,9 @@ ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a.view(np.uint16 if a.itemsize == 2 else np.uint32) == b.view(np.uint16 if b.itemsize == 2 else np.uint32)) | (
-        np.isnan(a) & np.isnan(b)
-    )
+    return (
+        a.view(np.uint16 if a.itemsize == 2 else np.uint32) == b.view(np.uint16 if b.itemsize == 2 else np.uint32)
+    ) | (np.isnan(a) & np.isnan(b))
 
 
 @pytest.mark.parametrize("chunk", [64, 4096])
@@ -48,7 +48,9 @@ def test_narrow_float16_rounds_to_nearest_even_like_numpy() -> None:
     rng = np.random.default_rng(7)
     halves = rng.integers(0x0400, 0x7BFF, 8192, dtype=np.uint16).view(np.float16).astype(np.float32)
     ties = (halves.view(np.uint32) | 0x1000).view(np.float32)  # exactly between two float16 values
-    for values in (halves, ties, -ties, (ties.view(np.uint32) + 1).view(np.float32), (ties.view(np.uint32) - 1).view(np.float32)):
+    for values in (
+        halves, ties, -ties, (ties.view(np.uint32) + 1).view(np.float32), (ties.view(np.uint32) - 1).view(np.float32),
+    ):
         with_zeros = values.copy()
         with_zeros[::17] = 0.0
         with_zeros[::19] = -0.0
@@ -58,7 +60,9 @@ def test_narrow_float16_rounds_to_nearest_even_like_numpy() -> None:
     check_narrow(magnitudes * np.where(rng.random(8192) < 0.5, -1, 1).astype(np.float32))
 
 
-@pytest.mark.parametrize("value", [65504, 65519.996, 65520, 1e6, 2.0**-14, 2.0**-15, 2.0**-24, 2.0**-26, np.inf, -np.inf, np.nan, -0.0])
+@pytest.mark.parametrize(
+    "value", [65504, 65519.996, 65520, 1e6, 2.0**-14, 2.0**-15, 2.0**-24, 2.0**-26, np.inf, -np.inf, np.nan, -0.0]
+)
 def test_narrow_float16_edges_fall_back_exactly(value: float) -> None:
     values = np.linspace(1, 2, 64, dtype=np.float32)
     values[5] = value
@@ -103,8 +107,13 @@ def skip_unless_available(kernels: str) -> None:
         pytest.importorskip("torch")
     if kernels == "native" and not hk.native_available():
         if not c_compiler():
-            pytest.skip("no C compiler here, so denseccl._half_kernels was not built (the NumPy/torch kernels are used)")
-        pytest.fail("denseccl._half_kernels was not built although a C compiler is present: rerun launch/setup and read .venv/setup.log")
+            pytest.skip(
+                "no C compiler here, so denseccl._half_kernels was not built (the NumPy/torch kernels are used)"
+            )
+        pytest.fail(
+            "denseccl._half_kernels was not built although a C compiler is present: "
+            "rerun launch/setup and read .venv/setup.log"
+        )
 
 
 def c_compiler() -> "str | None":
@@ -130,12 +139,19 @@ def test_fast_step_equals_numpy_step(kernels: str, name: str, kind: ReduceOp, mo
             step(memoryview(a.copy().view(storage)), memoryview(result), None)
         results.append(result.view(np.uint16))
     reference, fast = results
-    assert same_or_both_nan(name, reference, fast).all(), (a[~same_or_both_nan(name, reference, fast)][:5], b[~same_or_both_nan(name, reference, fast)][:5])
+    assert same_or_both_nan(name, reference, fast).all(), (
+        a[~same_or_both_nan(name, reference, fast)][:5],
+        b[~same_or_both_nan(name, reference, fast)][:5],
+    )
 
 
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
-@pytest.mark.parametrize("factor, divide", [(0.3, False), (1e-30, False), (7e4, False), (-2.5, False), (3, True), (7, True), (1000, True)])
-def test_native_scale_and_divide_equal_numpy(name: str, factor: float, divide: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "factor, divide", [(0.3, False), (1e-30, False), (7e4, False), (-2.5, False), (3, True), (7, True), (1000, True)]
+)
+def test_native_scale_and_divide_equal_numpy(
+    name: str, factor: float, divide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     skip_unless_available("native")
     source, _ = random_pairs(100_001, seed=5)
     dtype = DTYPES[name]
@@ -188,7 +204,10 @@ def test_integer_average_over_more_ranks_than_the_dtype_holds(name: str, divisor
     info = np.iinfo(name)
     view = np.array([info.min, info.max, -1 if info.min else 1, 0], name)
     hk.divide(view, divisor, DTYPES[name])
-    assert view.tolist() == np.trunc(np.array([info.min, info.max, -1 if info.min else 1, 0]) / divisor).astype(int).tolist()
+    assert (
+        view.tolist()
+        == np.trunc(np.array([info.min, info.max, -1 if info.min else 1, 0]) / divisor).astype(int).tolist()
+    )
 
 
 def test_scale_of_strided_views_takes_the_numpy_loops() -> None:

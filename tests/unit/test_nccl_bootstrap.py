@@ -45,7 +45,7 @@ class _TypedFactory:
         self.accepted = accepted
         self.seen = []
 
-    def __call__(self, ndev, commId, rank):  # noqa: N803 - CuPy's names
+    def __call__(self, ndev, commId, rank):
         self.seen.append(type(commId))
         if not isinstance(commId, self.accepted):
             raise TypeError(f"Argument 'commId' has incorrect type (expected {self.accepted.__name__})")

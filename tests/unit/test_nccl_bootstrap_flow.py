@@ -5,6 +5,7 @@ the host channel, and a second init on the same store gets its own namespace."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import types
 from datetime import timedelta
@@ -40,7 +41,7 @@ class FakeNccl(types.SimpleNamespace):
     def get_version(self):
         return version_code(2, 27, 3)
 
-    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802, N803 - CuPy's names
+    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802 - CuPy's names
         size, unique_id = ndev, commId
         if not isinstance(unique_id, bytes):
             raise TypeError("Argument 'commId' has incorrect type")
@@ -128,7 +129,7 @@ def test_torchrun_environment(fakes, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setattr(nccl_bootstrap, "_STORES", {})
+    monkeypatch.setattr(sys.modules["denseccl.bootstrap"], "_STORES", {})  # the env:// store cache (bootstrap.py)
     first = denseccl.init(backend="nccl", timeout=10)
     second = denseccl.init(backend="nccl", timeout=10)  # reuses the store: its server holds the port
     assert first.size == 1 and first.transport.device == 1  # LOCAL_RANK 3 modulo 2 GPUs
@@ -158,7 +159,7 @@ def test_mpi_launch(fakes):
 def test_cupy13_takes_a_tuple(fakes, monkeypatch):
     made = []
 
-    def tuple_only(ndev, commId, rank):  # noqa: N803 - CuPy's names
+    def tuple_only(ndev, commId, rank):
         if not isinstance(commId, tuple):
             raise TypeError("Argument 'commId' has incorrect type (expected tuple)")
         made.append(commId)

@@ -15,7 +15,7 @@ import pytest
 torch_distributed = pytest.importorskip("torch.distributed")
 
 from denseccl.errors import CollectiveTimeoutError, DenseCCLError  # noqa: E402
-from denseccl.transports.store import SoloControl, StoreControl, next_prefix, wait_for_keys  # noqa: E402
+from denseccl.transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: E402
 
 RANK_PROGRAM = Path(__file__).with_name("store_rank.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +83,8 @@ def test_bad_rank():
         StoreControl(object(), 3, 3)
 
 
-def test_solo_and_prefixes():
+def test_solo_control():
     solo = SoloControl()
     assert solo.allreduce_max([1, 2], None) == [1, 2]
     assert solo.allgather_bytes(b"x", None) == [b"x"]
     assert solo.split(None, 0, None) is None and solo.split(0, 0, None).size == 1
-    first, second = next_prefix("test-prefix"), next_prefix("test-prefix")
-    assert first != second and first.startswith("test-prefix/")

@@ -4,7 +4,6 @@ libnccl where the library is installed."""
 
 from __future__ import annotations
 
-import math
 import struct
 import warnings
 
@@ -44,8 +43,9 @@ def test_cupy_constants_agree_where_cupy_has_them():
         cupy_nccl = pytest.importorskip("cupy.cuda.nccl")
     if not getattr(cupy_nccl, "available", False):
         pytest.skip("cupy has no NCCL here")
-    for name, constant in [("int8", "NCCL_INT8"), ("uint8", "NCCL_UINT8"), ("int32", "NCCL_INT32"), ("float16", "NCCL_FLOAT16"),
-                           ("float32", "NCCL_FLOAT32"), ("float64", "NCCL_FLOAT64"), ("bfloat16", "NCCL_BFLOAT16"),
+    for name, constant in [("int8", "NCCL_INT8"), ("uint8", "NCCL_UINT8"), ("int32", "NCCL_INT32"),
+                           ("float16", "NCCL_FLOAT16"), ("float32", "NCCL_FLOAT32"), ("float64", "NCCL_FLOAT64"),
+                           ("bfloat16", "NCCL_BFLOAT16"),
                            ("uint64", "NCCL_UINT64")]:  # fmt: skip
         if hasattr(cupy_nccl, constant):
             assert nccl_tables.NCCL_TYPES[name][0] == getattr(cupy_nccl, constant)
@@ -124,7 +124,8 @@ def test_check_op():
 # -- PreMulSum scalars, bit for bit ------------------------------------------------------------
 
 SAMPLES = [
-    0.0, -0.0, 1.0, -1.0, 0.5, 1 / 3, -1 / 7, 0.1, 2.0 / 3, 1e-3, 1e-5, 3e-6, 6e-8, 1e-8, 1e-40, 7.0, 100.0, 448.0, 300.0,
+    0.0, -0.0, 1.0, -1.0, 0.5, 1 / 3, -1 / 7, 0.1, 2.0 / 3, 1e-3, 1e-5, 3e-6, 6e-8, 1e-8, 1e-40, 7.0, 100.0, 448.0,
+    300.0,
     57344.0, 65504.0, 1e4, 3.0e38, 1.5, 1.25, 1.125, 1.0625, 1.03125, 1.015625, 1.0078125, 1.00390625, 1.001953125,
     1.0009765625, 1.00048828125, 2**-14, 2**-24, 2**-25, 3 * 2**-26, 2**-9, 2**-10, 3 * 2**-11, 2**-16, 2**-17, 2**-133,
     2**-134, 2**-126,

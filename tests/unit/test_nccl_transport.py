@@ -244,7 +244,9 @@ def test_watchdog_drops_finished_and_cancelled_work():
 
 def test_watchdog_counts_a_blocked_enqueue():
     verdicts = []
-    dog = nccl_events.Watchdog(0.1, lambda event: True, lambda: None, lambda reason, late: verdicts.append((reason, late)), 0.01)
+    dog = nccl_events.Watchdog(
+        0.1, lambda event: True, lambda: None, lambda reason, late: verdicts.append((reason, late)), 0.01
+    )
     dog.begin("allreduce")  # never armed: the enqueue call is still inside NCCL
     assert wait_for(lambda: verdicts)
     assert verdicts[0][1] is True and "allreduce" in verdicts[0][0]
@@ -395,12 +397,14 @@ def test_communicator_split(device_comm):
         device_comm.split(-2)
 
 
-
 def test_watchdog_binds_its_thread_first():
     import threading
 
     started, verdicts = [], []
-    dog = nccl_events.Watchdog(None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: started.append(threading.current_thread().name))
+    dog = nccl_events.Watchdog(
+        None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01,
+        lambda: started.append(threading.current_thread().name),
+    )
     dog.begin("allreduce")
     assert wait_for(lambda: started) and started == ["denseccl-nccl-watchdog"]
     dog.close()

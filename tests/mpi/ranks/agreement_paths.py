@@ -24,7 +24,10 @@ expect_board, iterations = sys.argv[1] == "1", int(sys.argv[2])
 comm = denseccl.init()
 rank, size = comm.rank, comm.size
 checker = Checker(f"agreement-paths-{int(expect_board)}", rank, size)
-checker.check((comm.control.board is not None) == expect_board, f"board in use: {comm.control.board is not None}, expected {expect_board}")
+checker.check(
+    (comm.control.board is not None) == expect_board,
+    f"board in use: {comm.control.board is not None}, expected {expect_board}",
+)
 
 sub = comm.split(rank % 2, rank)
 checker.check((sub.control.board is not None) == (expect_board and sub.size > 1), "the split's board")
@@ -43,7 +46,10 @@ def one_call(group: denseccl.Communicator, step: int, scenario: str, culprit: in
     try:
         got = group.allreduce(x)
     except denseccl.MismatchError:
-        checker.check(scenario == "shape" or (scenario == "readonly" and me != culprit), f"step {step}: unexpected MismatchError ({scenario})")
+        checker.check(
+            scenario == "shape" or (scenario == "readonly" and me != culprit),
+            f"step {step}: unexpected MismatchError ({scenario})",
+        )
         checker.check(np.array_equal(x, base), f"step {step}: a buffer was written before the error")
         return
     except denseccl.LayoutError:

@@ -65,11 +65,17 @@ def main() -> None:
             check.check(work.wait() is results[name], f"{name}: a second wait() returned something else")
 
         check.check(results["allreduce"] is a, "allreduce: in-place result is not x")
-        check.check(np.array_equal(to_numpy(a), sum(v(r, (3, 4)) for r in range(size)).T), f"round {round_}: allreduce values")
+        check.check(
+            np.array_equal(to_numpy(a), sum(v(r, (3, 4)) for r in range(size)).T), f"round {round_}: allreduce values"
+        )
         gathered = results["allgather"]
-        check.check(all(np.array_equal(gathered[r], v(r, (2, 3), np.int32)[:, ::-1]) for r in range(size)), "allgather values")
+        check.check(
+            all(np.array_equal(gathered[r], v(r, (2, 3), np.int32)[:, ::-1]) for r in range(size)), "allgather values"
+        )
         total = sum(v(r, (2, 2), np.int64) for r in range(size)) * (rank + 1)
-        check.check(np.array_equal(results["reduce_scatter"], np.sign(total) * (np.abs(total) // size)), "reduce_scatter avg")
+        check.check(
+            np.array_equal(results["reduce_scatter"], np.sign(total) * (np.abs(total) // size)), "reduce_scatter avg"
+        )
         check.check(results["reduce"] is d, "reduce: result is not x")
         if rank == root:
             check.check(np.array_equal(d, v(size - 1, (5,), np.float32)), "reduce max on root")
@@ -124,7 +130,9 @@ def split_between_async_calls(comm: "denseccl.Communicator", check: Checker) -> 
             work.wait()
             want_b = 10 * total / size if iteration % 2 else 10 * total
             if not (np.all(a == total) and np.all(b == np.float16(want_b))):
-                check.fail(f"split between async calls, iteration {iteration}: {a[:2]} {b[:2]} (want {total}, {want_b})")
+                check.fail(
+                    f"split between async calls, iteration {iteration}: {a[:2]} {b[:2]} (want {total}, {want_b})"
+                )
                 break
     finally:
         mpi_transport.MPITransport._split_halves = real
@@ -185,10 +193,14 @@ def dropped_works(comm: "denseccl.Communicator", check: Checker) -> None:
     sub.close()
     del litter
     expected = sum(range(1, size + 1)) / size
-    check.check(bool(np.all(averaged == expected)), f"dropped async avg after close(): {averaged[:3]}, expected {expected}")
+    check.check(
+        bool(np.all(averaged == expected)), f"dropped async avg after close(): {averaged[:3]}, expected {expected}"
+    )
     if rank == 0:
         total = 0.5 * sum(range(2, size + 1))  # rank 0 contributed zeros (received)
-        check.check(bool(np.all(received == total)), f"dropped PreMulSum reduce on the root: {received[:3]}, expected {total}")
+        check.check(
+            bool(np.all(received == total)), f"dropped PreMulSum reduce on the root: {received[:3]}, expected {total}"
+        )
     check.check(not sub.flow.orphans, "close() left dropped Works behind")
 
 

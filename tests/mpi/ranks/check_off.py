@@ -21,7 +21,14 @@ from tests.mpi.ranks.common import Checker
 
 def main() -> None:
     how, seconds = sys.argv[1], float(sys.argv[2])
-    comm = denseccl.init(backend="mpi", check="off", timeout=seconds) if how == "kwarg" else denseccl.init(backend="mpi")
+    from mpi4py import MPI
+
+    # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
+    # that start seconds apart on a loaded machine would time out there instead
+    MPI.COMM_WORLD.Barrier()
+    comm = (
+        denseccl.init(backend="mpi", check="off", timeout=seconds) if how == "kwarg" else denseccl.init(backend="mpi")
+    )
     lonely = denseccl.init(backend="mpi", check="off", timeout=seconds)
     final = denseccl.init(backend="mpi", check="always", timeout=120)
     rank, size = comm.rank, comm.size
@@ -80,7 +87,9 @@ def main() -> None:
     if rank != bad:
         x = np.ones(8)
         work = lonely.allreduce(x, async_op=True)
-        check.check(isinstance(work, denseccl.Work) and not work.is_completed(), "async: Work already complete without the peer")
+        check.check(
+            isinstance(work, denseccl.Work) and not work.is_completed(), "async: Work already complete without the peer"
+        )
         started = time.monotonic()
         try:
             work.wait(timeout=0.5)

@@ -108,7 +108,10 @@ def run_case(comm: Any, case: Dict[str, Any], check: Checker) -> None:
         stacked_out_strides = (numel, *out_strides)
         if mode == "new":
             result = call(comm, case, "allgather", x)
-            check.check(element_strides(result) == (numel, *strides), f"{what}: allgather result strides {element_strides(result)}, expected {(numel, *strides)}")
+            check.check(
+                element_strides(result) == (numel, *strides),
+                f"{what}: allgather result strides {element_strides(result)}, expected {(numel, *strides)}",
+            )
             check.check(raw_bytes(x) == before, f"{what}: allgather wrote its input")
         else:
             out = empty_strided((size, *shape), stacked_out_strides, dtype, case["lib"])
@@ -135,7 +138,10 @@ def run_case(comm: Any, case: Dict[str, Any], check: Checker) -> None:
             check.check(result is out, f"{what}: reduce_scatter(out=) did not return out")
         else:
             result = call(comm, case, "reduce_scatter", x, op)
-            check.check(element_strides(result) == strides, f"{what}: reduce_scatter result strides {element_strides(result)}, expected {strides}")
+            check.check(
+                element_strides(result) == strides,
+                f"{what}: reduce_scatter result strides {element_strides(result)}, expected {strides}",
+            )
         check.check(raw_bytes(x) == before, f"{what}: reduce_scatter wrote its input")
         compare(check, f"{what} reduce_scatter", to_numpy(result), inputs, dtype, case["op"], size)
     else:

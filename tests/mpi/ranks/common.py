@@ -24,7 +24,10 @@ HALVES = {"float16", "bfloat16"}
 COMPLEX = {"complex64", "complex128"}
 INTS = {"int8", "uint8", "int16", "int32", "int64", "uint64"}
 #: unit roundoff of each float type (twice it, to be safe on ties)
-EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52, "complex64": 2.0**-23, "complex128": 2.0**-52}
+EPS = {
+    "float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52, "complex64": 2.0**-23,
+    "complex128": 2.0**-52,
+}
 
 
 class Checker:
@@ -97,7 +100,11 @@ def values(case: Dict[str, Any], rank: int, shape: Sequence[int], salt: int = 0)
         return rng.random(shape) < (0.8 if kind in ("prod", "min") else 0.3)
     if dtype in INTS:
         info = np.iinfo(dtype)
-        if kind in ("min", "max", None) or case["collective"] in ("broadcast", "allgather") or (dtype == "uint64" and kind != "avg"):
+        if (
+            kind in ("min", "max", None)
+            or case["collective"] in ("broadcast", "allgather")
+            or (dtype == "uint64" and kind != "avg")
+        ):
             return rng.integers(int(info.min), int(info.max), size=shape, dtype=dtype, endpoint=True)
         if kind == "prod":
             return rng.integers(-3 if info.min else 0, 3, size=shape, dtype=dtype, endpoint=True)
@@ -155,7 +162,9 @@ def exact_pairwise(inputs: List[np.ndarray], dtype: str, op: Any, size: int) -> 
         if dtype in HALVES:
             a, b = _round(a, dtype).astype(np.float32), _round(b, dtype).astype(np.float32)
         a, b = a.astype(work), b.astype(work)
-    ufunc = {"sum": np.add, "avg": np.add, "premul": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[kind]
+    ufunc = {"sum": np.add, "avg": np.add, "premul": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[
+        kind
+    ]
     result = ufunc(a, b)
     if dtype in HALVES:
         result = _round(result, dtype).astype(np.float32)
@@ -176,7 +185,9 @@ def reference(inputs: List[np.ndarray], dtype: str, op: Any, size: int) -> np.nd
         parts = [np.asarray(x, dtype) for x in inputs]
         if kind == "premul":
             parts = [np.multiply(x, int(op["premul"]), dtype=dtype, casting="unsafe") for x in parts]
-        ufunc = {"sum": np.add, "avg": np.add, "premul": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[kind]
+        ufunc = {
+            "sum": np.add, "avg": np.add, "premul": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+        }[kind]
         result = parts[0].copy()
         for part in parts[1:]:
             result = ufunc(result, part, dtype=dtype)  # wraps like C
@@ -210,7 +221,9 @@ def tolerance(inputs: List[np.ndarray], dtype: str, op: Any, size: int) -> np.nd
     return (size + 2) * EPS[dtype] * magnitude + 1e-30
 
 
-def compare(check: Checker, what: str, actual: np.ndarray, inputs: List[np.ndarray], dtype: str, op: Any, size: int) -> None:
+def compare(
+    check: Checker, what: str, actual: np.ndarray, inputs: List[np.ndarray], dtype: str, op: Any, size: int
+) -> None:
     """Exact for integers, bool, min/max and any two-rank real float result; within a rounding
     bound otherwise (the order of an n-rank float reduction is MPI's choice)."""
     expected = reference(inputs, dtype, op, size)
@@ -234,7 +247,10 @@ def _first_difference(actual: np.ndarray, expected: np.ndarray) -> str:
     flat_a, flat_e = actual.reshape(-1), expected.reshape(-1)
     for i in range(flat_a.size):
         if flat_a[i] != flat_e[i]:
-            return f"first at flat index {i}: got {flat_a[i]!r}, expected {flat_e[i]!r}; {np.sum(flat_a != flat_e)} of {flat_a.size} differ"
+            return (
+                f"first at flat index {i}: got {flat_a[i]!r}, expected {flat_e[i]!r}; "
+                f"{np.sum(flat_a != flat_e)} of {flat_a.size} differ"
+            )
     return "shapes or dtypes differ"
 
 

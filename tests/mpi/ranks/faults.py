@@ -60,7 +60,7 @@ class PauseAfterPost:
 
 def make(scenario: str, rank: int):
     if scenario == "torch-async":
-        import torch  # noqa: PLC0415 - only this scenario needs it
+        import torch
 
         return torch.full((COUNT,), rank + 1.0, dtype=torch.float64)
     if scenario == "split":
@@ -76,7 +76,7 @@ def call(comm, scenario: str, x):
     if scenario == "async":
         return comm.allreduce(x, async_op=True).wait()
     if scenario == "torch-async":
-        import torch.distributed as dist  # noqa: PLC0415
+        import torch.distributed as dist
 
         return dist.all_reduce(x, async_op=True).wait()
     return comm.allreduce(x)
@@ -88,12 +88,12 @@ def pointer(x) -> int:
 
 def torch_communicator(seconds: float):
     """The denseccl communicator under torch.distributed's default group (denseccl backend)."""
-    import datetime  # noqa: PLC0415
+    import datetime
 
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
+    import torch
+    import torch.distributed as dist
 
-    import denseccl.torch as dt  # noqa: PLC0415
+    import denseccl.torch as dt
 
     dt.init_process_group(timeout=datetime.timedelta(seconds=seconds))
     dist.all_reduce(torch.ones(2))  # builds the group's host communicator
@@ -130,7 +130,10 @@ def main() -> None:
         except denseccl.CommunicatorBrokenError as error:
             check.check("gave up" in str(error), f"paused rank: message {error}")
         except Exception as error:  # noqa: BLE001 - torch's Work wraps the error it carries
-            check.check(scenario == "torch-async" and "gave up" in str(error), f"paused rank raised {type(error).__name__}: {error}")
+            check.check(
+                scenario == "torch-async" and "gave up" in str(error),
+                f"paused rank raised {type(error).__name__}: {error}",
+            )
         check.check(pause.armed is False, "the pause was never reached")
     else:
         x = make(scenario, rank)

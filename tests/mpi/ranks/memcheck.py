@@ -53,7 +53,9 @@ for kernels in ("numpy", "auto"):
                     comm.barrier()
                     peak = traced(call)
                     worst = max(worst, peak / x.nbytes)
-                    assert peak < x.nbytes / 8, f"{name} {np.dtype(dtype).name} {op} {layout}: traced {peak} B for a {x.nbytes} B array"
+                    assert peak < x.nbytes / 8, (
+                        f"{name} {np.dtype(dtype).name} {op} {layout}: traced {peak} B for a {x.nbytes} B array"
+                    )
 print(f"rank {rank}: memcheck OK, worst peak {worst:.4f} of the array", flush=True)
 comm.close()
 sys.exit(0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -77,47 +77,67 @@ def scenarios(size: int) -> List[Scenario]:
                  field="dtype", odd="allreduce op=sum float64 shape (3, 4) strides (4, 1)"),
         Scenario("op", lambda comm, r, d: _call(comm.allreduce, c_array((5,), r), "max" if d else "sum"),
                  field="op", odd="allreduce op=max", normal="allreduce op=sum"),
-        Scenario("op premul factor", lambda comm, r, d: _call(comm.allreduce, c_array((5,), r), denseccl.PreMulSum(0.25 if d else 0.5)),
+        Scenario("op premul factor",
+                 lambda comm, r, d: _call(comm.allreduce, c_array((5,), r), denseccl.PreMulSum(0.25 if d else 0.5)),
                  field="op", odd="op=premul_sum(0.25)", normal="op=premul_sum(0.5)"),
         Scenario("root reduce", lambda comm, r, d: _call(comm.reduce, c_array((5,), r), 1 if d else 0),
                  field="root", odd="reduce root=1 op=sum", normal="reduce root=0 op=sum"),
         Scenario("root broadcast", lambda comm, r, d: _call(comm.broadcast, c_array((2, 2), r), 1 if d else 0),
                  field="root", odd="broadcast root=1 float32", normal="broadcast root=0 float32"),
         Scenario("collective allreduce vs broadcast",
-                 lambda comm, r, d: _call(comm.broadcast, c_array((3,), r), 0) if d else _call(comm.allreduce, c_array((3,), r)),
-                 field="collective", odd="broadcast root=0 float32 shape (3,)", normal="allreduce op=sum float32 shape (3,)"),
+                 lambda comm, r, d: (
+                     _call(comm.broadcast, c_array((3,), r), 0) if d else _call(comm.allreduce, c_array((3,), r))
+                 ),
+                 field="collective", odd="broadcast root=0 float32 shape (3,)",
+                 normal="allreduce op=sum float32 shape (3,)"),
         Scenario("collective allreduce vs barrier",
                  lambda comm, r, d: ((lambda: comm.barrier()), []) if d else _call(comm.allreduce, c_array((3,), r)),
                  field="collective", normal="allreduce op=sum"),
         Scenario("collective allgather vs reduce_scatter",
-                 lambda comm, r, d: _call(comm.reduce_scatter, c_array((comm.size, 2), r)) if d else _call(comm.allgather, c_array((2,), r)),
-                 field="collective", odd="reduce_scatter op=sum float32 shape (2,) strides (1,)", normal="allgather float32 shape (2,) strides (1,)"),
+                 lambda comm, r, d: (
+                     _call(comm.reduce_scatter, c_array((comm.size, 2), r)) if d
+                     else _call(comm.allgather, c_array((2,), r))
+                 ),
+                 field="collective", odd="reduce_scatter op=sum float32 shape (2,) strides (1,)",
+                 normal="allgather float32 shape (2,) strides (1,)"),
         Scenario("allgather block layout",
                  lambda comm, r, d: _call(comm.allgather, f_array((2, 3), r) if d else c_array((2, 3), r)),
                  field="layout", odd="allgather float32 shape (2, 3) strides (1, 2)"),
         # bad input on the deviants: LayoutError there, MismatchError elsewhere
-        Scenario("invalid gapped input", allreduce_of(lambda r, d: c_array((4, 6), r)[:, ::2] if d else c_array((4, 3), r)),
+        Scenario("invalid gapped input",
+                 allreduce_of(lambda r, d: c_array((4, 6), r)[:, ::2] if d else c_array((4, 3), r)),
                  invalid="shape (4, 3) strides (6, 2)"),
         Scenario("invalid expanded input", allreduce_of(
-            lambda r, d: np.lib.stride_tricks.as_strided(c_array((3,), r), (4, 3), (0, 4)) if d else c_array((4, 3), r)),
+            lambda r, d: np.lib.stride_tricks.as_strided(c_array((3,), r), (4, 3), (0, 4)) if d
+            else c_array((4, 3), r)),
             invalid="strides (0, 1)"),
-        Scenario("invalid out layout", lambda comm, r, d: _call(comm.allreduce, c_array((3, 4), r), out=f_array((3, 4), 9) if d else c_array((3, 4), 9)),
+        Scenario("invalid out layout",
+                 lambda comm, r, d: _call(
+                     comm.allreduce, c_array((3, 4), r), out=f_array((3, 4), 9) if d else c_array((3, 4), 9)
+                 ),
                  invalid="out has float32 shape (3, 4) strides (1, 3)"),
-        Scenario("invalid read-only input", allreduce_of(lambda r, d: _readonly(c_array((3,), r)) if d else c_array((3,), r)),
+        Scenario("invalid read-only input",
+                 allreduce_of(lambda r, d: _readonly(c_array((3,), r)) if d else c_array((3,), r)),
                  invalid="read-only"),
         Scenario("invalid root", lambda comm, r, d: _call(comm.reduce, c_array((3,), r), comm.size if d else 0),
                  invalid=f"root {size} is not a rank"),
         Scenario("invalid op", lambda comm, r, d: _call(comm.allreduce, c_array((3,), r), "bogus" if d else "sum"),
-                 invalid="unknown reduction op 'bogus'"),
-        Scenario("invalid op for dtype", lambda comm, r, d: _call(comm.allreduce, c_array((3,), r, "complex64"), "min" if d else "sum"),
+                 invalid="unknown reduction op 'bogus'", local=denseccl.OpError),
+        Scenario("invalid op for dtype",
+                 lambda comm, r, d: _call(comm.allreduce, c_array((3,), r, "complex64"), "min" if d else "sum"),
                  invalid="op min is not defined for dtype complex64"),
-        Scenario("invalid not an array", lambda comm, r, d: _call(comm.allreduce, [1.0, 2.0] if d else c_array((2,), r)),
+        Scenario("invalid not an array",
+                 lambda comm, r, d: _call(comm.allreduce, [1.0, 2.0] if d else c_array((2,), r)),
                  invalid="expected an array"),
-        Scenario("invalid allgather out", lambda comm, r, d: _call(comm.allgather, c_array((2,), r), out=np.zeros((comm.size + 1, 2), np.float32) if d else np.zeros((comm.size, 2), np.float32)),
+        Scenario("invalid allgather out",
+                 lambda comm, r, d: _call(
+                     comm.allgather, c_array((2,), r), out=np.zeros((comm.size + (1 if d else 0), 2), np.float32)
+                 ),
                  invalid="not a stacked buffer"),
         Scenario("invalid allgather from another rank's block", _allgather_from_block,
                  invalid="the input may only be out's own block"),
-        Scenario("invalid reduce_scatter input", lambda comm, r, d: _call(comm.reduce_scatter, c_array((comm.size + 1, 2), r) if d else c_array((comm.size, 2), r)),
+        Scenario("invalid reduce_scatter input",
+                 lambda comm, r, d: _call(comm.reduce_scatter, c_array((comm.size + (1 if d else 0), 2), r)),
                  invalid="is not a stacked buffer"),
         Scenario("invalid byte order", allreduce_of(lambda r, d: c_array((3,), r, ">f4") if d else c_array((3,), r)),
                  invalid="byte order"),
@@ -166,7 +186,11 @@ def _readonly(x):
 
 
 def _call(method, *args, **kwargs):
-    arrays = [a for a in list(args) + list(kwargs.values()) if isinstance(a, np.ndarray) or type(a).__module__.startswith("torch")]
+    arrays = [
+        a
+        for a in list(args) + list(kwargs.values())
+        if isinstance(a, np.ndarray) or type(a).__module__.startswith("torch")
+    ]
     return (lambda: method(*args, **kwargs)), arrays
 
 
@@ -175,7 +199,9 @@ def probe(comm, check: Checker, what: str) -> None:
     x = np.full((2, 3), comm.rank + 1, np.int64).T
     try:
         comm.allreduce(x)
-        check.check(x.tolist() == [[comm.size * (comm.size + 1) // 2] * 2] * 3, f"{what}: probe allreduce gave {x.tolist()}")
+        check.check(
+            x.tolist() == [[comm.size * (comm.size + 1) // 2] * 2] * 3, f"{what}: probe allreduce gave {x.tolist()}"
+        )
     except Exception as error:  # noqa: BLE001
         check.fail(f"{what}: probe allreduce raised {type(error).__name__}: {error}")
     check.check(comm.broken is None, f"{what}: communicator broken: {comm.broken}")
@@ -200,21 +226,38 @@ def run_mismatch(comm, check: Checker, scenario: Scenario, deviants: List[int]) 
             if scenario.invalid:
                 check.check("a peer's input failed validation" in text, f"{what}: headline: {text!r}")
                 for d in deviants:
-                    check.check(f"rank {d}: " in text and "invalid input" in text and scenario.invalid in text,
-                                f"{what}: invalid rank {d} not reported: {text!r}")
+                    check.check(
+                        f"rank {d}: " in text and "invalid input" in text and scenario.invalid in text,
+                        f"{what}: invalid rank {d} not reported: {text!r}",
+                    )
                 check.check(f"{ranks_text(others)}: " in text, f"{what}: good ranks {others} not listed: {text!r}")
             else:
                 headline = text.split("\n")[0]
-                check.check(f"ranks disagree on" in headline and scenario.field in headline, f"{what}: field {scenario.field!r} not named: {headline!r}")
+                check.check(
+                    "ranks disagree on" in headline and scenario.field in headline,
+                    f"{what}: field {scenario.field!r} not named: {headline!r}",
+                )
                 lines = text.split("\n")
-                check.check(any(line.strip().startswith(f"{ranks_text(deviants)}: ") and (scenario.odd or "") in line for line in lines),
-                            f"{what}: deviants' descriptor not listed: {text!r}")
-                check.check(any(line.strip().startswith(f"{ranks_text(others)}: ") and (scenario.normal or "") in line for line in lines),
-                            f"{what}: other ranks' descriptor not listed: {text!r}")
+                check.check(
+                    any(
+                        line.strip().startswith(f"{ranks_text(deviants)}: ") and (scenario.odd or "") in line
+                        for line in lines
+                    ),
+                    f"{what}: deviants' descriptor not listed: {text!r}",
+                )
+                check.check(
+                    any(
+                        line.strip().startswith(f"{ranks_text(others)}: ") and (scenario.normal or "") in line
+                        for line in lines
+                    ),
+                    f"{what}: other ranks' descriptor not listed: {text!r}",
+                )
         else:
             check.check(scenario.invalid in text, f"{what}: local error {text!r} lacks {scenario.invalid!r}")
     except Exception as error:  # noqa: BLE001
-        check.fail(f"{what}: raised {type(error).__name__} instead of {expected.__name__}: {error}\n{traceback.format_exc()}")
+        check.fail(
+            f"{what}: raised {type(error).__name__} instead of {expected.__name__}: {error}\n{traceback.format_exc()}"
+        )
     for array, snapshot in zip(arrays, before):
         check.check(raw_bytes(array) == snapshot, f"{what}: a buffer was written")
     probe(comm, check, what)
@@ -225,7 +268,6 @@ def run_mismatch(comm, check: Checker, scenario: Scenario, deviants: List[int]) 
 
 def run_agreeing(comm, check: Checker, use_torch: bool) -> None:
     rank, size = comm.rank, comm.size
-    total = sum(range(size)) * 100
 
     # size-1 dims with different odd strides on every rank: same key, so they agree
     odd = [(3, 4 + 3 * rank, 1), (3, -rank - 2, 1), (3, 0, 1)][rank % 3]
@@ -264,7 +306,9 @@ def run_agreeing(comm, check: Checker, use_torch: bool) -> None:
     # 0-d arrays
     z = np.array(float(rank + 1))
     try:
-        check.check(comm.allreduce(z, "prod") is z and float(z) == float(np.prod(np.arange(1, size + 1))), f"0-d allreduce: {z}")
+        check.check(
+            comm.allreduce(z, "prod") is z and float(z) == float(np.prod(np.arange(1, size + 1))), f"0-d allreduce: {z}"
+        )
         z2 = np.array(rank, np.int16)
         comm.broadcast(z2, size - 1)
         check.check(int(z2) == size - 1, "0-d broadcast")
@@ -283,7 +327,10 @@ def run_agreeing(comm, check: Checker, use_torch: bool) -> None:
     try:
         result = comm.reduce(y, root, out=None if rank == root else wrong)
         if rank == root:
-            check.check(np.array_equal(result, sum(c_array((3, 4), r).astype(np.float64) for r in range(size))), "reduce root result")
+            check.check(
+                np.array_equal(result, sum(c_array((3, 4), r).astype(np.float64) for r in range(size))),
+                "reduce root result",
+            )
         else:
             check.check(result is y and np.array_equal(y, c_array((3, 4), rank)), "non-root input changed")
             check.check(raw_bytes(wrong) == wrong_before, "non-root out was written")
@@ -319,6 +366,11 @@ def main() -> None:
     use_torch = "--torch" in sys.argv[1:]
     if use_torch:
         import torch  # noqa: F401
+    from mpi4py import MPI
+
+    # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
+    # that start seconds apart on a loaded machine would time out there instead
+    MPI.COMM_WORLD.Barrier()
     comm = denseccl.init(backend="mpi")
     check = Checker("mismatch", comm.rank, comm.size)
     for scenario in scenarios(comm.size):

@@ -27,7 +27,9 @@ for name, view in [("transposed", lambda a: a.T), ("reversed", lambda a: a[::-1,
     comm.allreduce(x)
     # every partial sum is rounded to bfloat16 (8 bits of mantissa): relative error <= size * 2**-8
     error = np.abs(x.astype(np.float64) - exact)
-    check.check(bool(np.all(error <= size * 2.0**-8 * np.abs(exact) + 1e-12)), f"{name}: allreduce off by {error.max()}")
+    check.check(
+        bool(np.all(error <= size * 2.0**-8 * np.abs(exact) + 1e-12)), f"{name}: allreduce off by {error.max()}"
+    )
     check.check(x.dtype == bf16, f"{name}: dtype became {x.dtype}")
 
     y = view(values(rank).astype(bf16))
@@ -43,5 +45,11 @@ try:
     check.fail("float8 allreduce on MPI did not raise")
 except denseccl.LayoutError as error:
     check.check("float8_e4m3fn" in str(error), f"float8 error does not name the dtype: {error}")
-check.check(np.array_equal(f8.astype(np.float32), (np.arange(10, dtype=np.float32) + rank).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)), "float8 input changed by a refused call")
+check.check(
+    np.array_equal(
+        f8.astype(np.float32),
+        (np.arange(10, dtype=np.float32) + rank).astype(ml_dtypes.float8_e4m3fn).astype(np.float32),
+    ),
+    "float8 input changed by a refused call",
+)
 check.finish()

@@ -99,15 +99,24 @@ for name, x in layouts():
     for it in range(3):
         t.copy_(torch.from_numpy(values(rank, tuple(t.shape), it)))
         assert comm.allreduce(t, "sum") is t
-        assert torch.equal(t, torch.from_numpy(sum(values(r, tuple(t.shape), it) for r in range(size))).float()), (name, it)
+        assert torch.equal(t, torch.from_numpy(sum(values(r, tuple(t.shape), it) for r in range(size))).float()), (
+            name,
+            it,
+        )
         for root in range(size):
             t.copy_(torch.from_numpy(values(rank, tuple(t.shape), it)))
             assert comm.reduce(t, root, "max") is t
-            want = np.maximum.reduce([values(r, tuple(t.shape), it) for r in range(size)]) if rank == root else values(rank, tuple(t.shape), it)
+            want = (
+                np.maximum.reduce([values(r, tuple(t.shape), it) for r in range(size)])
+                if rank == root
+                else values(rank, tuple(t.shape), it)
+            )
             assert torch.equal(t, torch.from_numpy(want).float()), (name, "reduce", root, it)
             t.copy_(torch.from_numpy(values(rank, tuple(t.shape), it)))
             assert comm.broadcast(t, root) is t
-            assert torch.equal(t, torch.from_numpy(values(root, tuple(t.shape), it)).float()), (name, "broadcast", root, it)
+            assert torch.equal(t, torch.from_numpy(values(root, tuple(t.shape), it)).float()), (
+                name, "broadcast", root, it,
+            )
 assert {key for key in comm.flow.plans if len(key) > 1 and key[1] == "torch"} - torch_keys, "torch tensors left no plan"
 
 # torch replays of the layout corner cases: 0-d, odd strides on size-1 dims (two tensors of one

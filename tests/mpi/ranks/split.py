@@ -25,7 +25,10 @@ def main() -> None:
         assert part is None, part
     else:
         members = sorted((r for r in range(size - 1) if r % 2 == color), reverse=True)
-        assert (part.size, part.rank, part.backend) == (len(members), members.index(rank), "mpi"), (part.size, part.rank)
+        assert (part.size, part.rank, part.backend) == (len(members), members.index(rank), "mpi"), (
+            part.size,
+            part.rank,
+        )
         x = np.full((3, 2), float(rank)).T  # a transposed layout
         part.allreduce(x, "sum")
         assert np.all(x == sum(members)), x
@@ -54,7 +57,7 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a rank reports every failure and exits nonzero
         import traceback
 
         traceback.print_exc()

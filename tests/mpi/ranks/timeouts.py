@@ -32,7 +32,9 @@ def expect_timeout(check: Checker, comm, what: str, seconds: float, thunk, buffe
         check.fail(f"{what}: returned although a peer never joined")
     except denseccl.CollectiveTimeoutError as error:
         elapsed = time.monotonic() - started
-        check.check(seconds * 0.9 <= elapsed <= seconds + 5, f"{what}: timed out after {elapsed:.2f} s, timeout {seconds} s")
+        check.check(
+            seconds * 0.9 <= elapsed <= seconds + 5, f"{what}: timed out after {elapsed:.2f} s, timeout {seconds} s"
+        )
         check.check("timeout" in str(error) and "broken" in str(error), f"{what}: message {error}")
         check.check(isinstance(error, TimeoutError), f"{what}: not a TimeoutError")
     except denseccl.CommunicatorBrokenError as error:  # another waiter timed out first and told this rank
@@ -44,7 +46,11 @@ def expect_timeout(check: Checker, comm, what: str, seconds: float, thunk, buffe
     for buffer, snapshot in zip(buffers, before):
         check.check(raw_bytes(buffer) == snapshot, f"{what}: buffer written")
     check.check(comm.broken is not None and "timed out" in comm.broken, f"{what}: broken = {comm.broken!r}")
-    for name, later in (("allreduce", lambda: comm.allreduce(np.zeros(2))), ("barrier", comm.barrier), ("broadcast", lambda: comm.broadcast(np.zeros(2)))):
+    for name, later in (
+        ("allreduce", lambda: comm.allreduce(np.zeros(2))),
+        ("barrier", comm.barrier),
+        ("broadcast", lambda: comm.broadcast(np.zeros(2))),
+    ):
         try:
             later()
             check.fail(f"{what}: a later {name} succeeded on a broken communicator")
@@ -57,6 +63,11 @@ def expect_timeout(check: Checker, comm, what: str, seconds: float, thunk, buffe
 def main() -> None:
     short = float(sys.argv[1])
     from_env = float(os.environ["DENSECCL_TIMEOUT"])
+    from mpi4py import MPI
+
+    # line the ranks up first: init's own deadline is the (short) timeout under test, and ranks
+    # that start seconds apart on a loaded machine would time out there instead
+    MPI.COMM_WORLD.Barrier()
     comm_a = denseccl.init(backend="mpi", timeout=short)
     comm_b = denseccl.init(backend="mpi")  # DENSECCL_TIMEOUT
     comm_c = denseccl.init(backend="mpi", timeout=short)
@@ -88,7 +99,9 @@ def main() -> None:
     final.barrier()
     if rank == skipper:
         for name, comm in (("comm_a", comm_a), ("comm_b", comm_b), ("comm_c", comm_c)):
-            check.check(comm.broken is not None and "gave up" in comm.broken, f"skipper's {name}: broken = {comm.broken!r}")
+            check.check(
+                comm.broken is not None and "gave up" in comm.broken, f"skipper's {name}: broken = {comm.broken!r}"
+            )
             try:
                 comm.allreduce(np.zeros(2))
                 check.fail(f"skipper's {name}: a call succeeded after its peers gave up")

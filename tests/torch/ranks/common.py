@@ -83,7 +83,7 @@ class Checker:
         self.count += 1
         try:
             call()
-        except kinds as error:  # noqa: BLE001
+        except kinds as error:
             if contains and contains not in str(error).lower():
                 self.failures.append(f"{what}: {type(error).__name__} without {contains!r}: {error}")
             return error

@@ -1,8 +1,11 @@
-"""init_process_group("denseccl") with tcp:// and env://, and a torch rank that is not the MPI
-rank (a clear error on every rank). Run with mpiexec -n 2."""
+"""init_process_group("denseccl") with no other argument (rank, size and store from MPI), with
+tcp:// and env://; denseccl.torch.init_process_group with torch's arguments and a timeout as a
+timedelta or seconds; a torch rank that is not the MPI rank (a clear error on every rank).
+Run with mpiexec -n 2."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -12,7 +15,7 @@ from common import Checker
 from mpi4py import MPI
 
 import denseccl
-import denseccl.torch  # noqa: F401 - registers the backend
+import denseccl.torch as dt
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
@@ -45,6 +48,24 @@ error = check.raises(
     "mpi rank",
 )
 print(f"rank {rank}: {error}", flush=True)
+
+# no argument but the backend: rank, world size and the store from MPI (env:// falls back to it)
+dist.init_process_group("denseccl")
+allreduce_works("no arguments under mpiexec")
+dist.destroy_process_group()
+
+# denseccl.torch.init_process_group takes dist.init_process_group's arguments, backend first;
+# timeout as a timedelta or as seconds
+dt.init_process_group("denseccl", timeout=datetime.timedelta(seconds=50))
+allreduce_works("dt.init_process_group(backend, timeout=timedelta)")
+check.true("the group's timeout is the timedelta's", dist.group.WORLD.host_communicator.timeout == 50)
+dist.destroy_process_group()
+dt.init_process_group(timeout=45)
+allreduce_works("dt.init_process_group(timeout=seconds)")
+x = torch.ones(3)
+work = dist.all_reduce(x, async_op=True)
+check.true("torch Work.wait(timeout=timedelta)", work.wait(timeout=datetime.timedelta(seconds=30)))
+dist.destroy_process_group()
 
 port = free_port()
 dist.init_process_group("denseccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)

@@ -18,7 +18,6 @@ Only one thread at a time tests a step (one lock per group), as MPI requires of 
 from __future__ import annotations
 
 import atexit
-import datetime
 import os
 import threading
 import time
@@ -27,7 +26,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config
 from ..transports.base import abandon, wait_until
@@ -233,7 +232,7 @@ class AsyncWork(dist.Work):
         self._operation = operation
         self._source = source_rank
 
-    def wait(self, timeout: Any = None) -> bool:  # noqa: D401 - torch's signature
+    def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
         self._progress.wait(self._operation, seconds)
         return True
@@ -293,13 +292,7 @@ def completed_work(value: Any, device: Optional[torch.device] = None) -> dist.Wo
 
 def _seconds(timeout: Any) -> Optional[float]:
     """torch passes a ``timedelta`` (0 meaning none); Python callers may pass seconds."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        seconds = timeout.total_seconds()
-    else:
-        seconds = float(timeout)
-    return seconds if seconds > 0 else None
+    return config.seconds(timeout, "timeout") or None
 
 
 class RequestStep(Step):
@@ -328,3 +321,27 @@ class RequestStep(Step):
         if not self.is_completed():
             wait_until(self.is_completed, deadline, self.what)
         self.keep = None
+
+
+class WorkStep(Step):
+    """A torch Work of the gloo engine's group as a step (point-to-point and all-to-all under a
+    launch without MPI)."""
+
+    __slots__ = ("work", "keep", "what", "completed")
+
+    def __init__(self, work: Any, what: str, keep: Any = None) -> None:
+        self.work = work
+        self.keep = keep  # tensors the work reads or writes
+        self.what = what
+        self.completed = False
+
+    def is_completed(self) -> bool:
+        if not self.completed and self.work.is_completed():
+            self.completed = True
+        return self.completed
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        from ..transports.gloo import wait_work  # noqa: PLC0415
+
+        wait_work(self.work, None if timeout is None else time.monotonic() + timeout, self.what)
+        self.completed, self.keep = True, None

@@ -1,0 +1,122 @@
+"""Speed through torch.distributed: the denseccl backend against the direct denseccl call and
+against gloo, on the same tensors, in alternating rounds (medians), two ways of measuring.
+
+Run under either launcher (the backend then uses MPI or the gloo engine)::
+
+    mpiexec -n 2 python -m denseccl.torch.bench [--mib 64] [--rounds 7] [--iters 5]
+    torchrun --standalone --nproc-per-node 2 -m denseccl.torch.bench
+
+Rows (each a 64 MiB float32 allreduce unless said otherwise):
+
+* ``direct``: the group's own denseccl communicator, called on the tensor (no torch.distributed);
+* ``backend``: ``dist.all_reduce`` through the denseccl backend;
+* ``gloo``: ``dist.all_reduce`` on a gloo group of the same ranks, same tensor layout;
+* ``gloo-contiguous``: gloo on a row-major tensor (gloo's best case);
+* ``*-transposed``: the same on a transposed 2-D tensor; ``*-gather``: all_gather_into_tensor
+  into a channels-last output.
+
+Ways of measuring: ``loop`` (the project benchmark's: a barrier, then ``iters`` calls back to back,
+the mean per call, averaged over ranks) and ``fresh`` (each call on a newly allocated tensor, as a
+script that builds its tensor inside the timed loop does: the first touch of 64 MiB of new pages
+is then part of every call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import torch
+import torch.distributed as dist
+
+from ..config import launched_by_mpi
+from . import init_process_group
+
+
+def _channels_last(numel: int) -> torch.Tensor:
+    side = int(round((numel // 64) ** 0.5))
+    return torch.ones(1, 64, side, numel // (64 * side)).to(memory_format=torch.channels_last)
+
+
+def _mean_over_ranks(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, group=_GLOO[0])
+    return float(t) / dist.get_world_size()
+
+
+_GLOO: List[dist.ProcessGroup] = []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=float, default=64.0)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=5)
+    args = parser.parse_args()
+    init_process_group("denseccl")
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+    _GLOO.append(gloo)
+    direct = dist.group.WORLD.host_communicator  # type: ignore[attr-defined]
+    numel = int(args.mib * (1 << 20)) // 4
+    side = int(round(numel**0.5))
+    cl, flat, square = _channels_last(numel), torch.ones(numel), torch.ones(side, side).t()
+    gathered = torch.empty(dist.get_world_size() * cl.shape[0], *cl.shape[1:]).to(memory_format=torch.channels_last)
+    small = cl.new_ones(cl.shape).to(memory_format=torch.channels_last)
+
+    rows: Dict[str, Callable[[], object]] = {
+        "direct": lambda: direct.allreduce(cl),
+        "backend": lambda: dist.all_reduce(cl),
+        "gloo": lambda: dist.all_reduce(cl, group=gloo),
+        "gloo-contiguous": lambda: dist.all_reduce(flat, group=gloo),
+        "backend-transposed": lambda: dist.all_reduce(square),
+        "gloo-transposed": lambda: dist.all_reduce(square, group=gloo),
+        "backend-gather": lambda: dist.all_gather_into_tensor(gathered, small),
+        "gloo-gather": lambda: dist.all_gather_into_tensor(gathered, small, group=gloo),
+        "backend-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last)),
+        "gloo-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last), group=gloo),
+    }
+    usable = {}
+    for name, step in rows.items():
+        try:
+            step()
+            usable[name] = step
+        except Exception as error:  # noqa: BLE001 - a contender that cannot run this layout says why
+            if rank == 0:
+                print(f"{name}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
+    names = list(usable)
+    found: Dict[str, List[float]] = {name: [] for name in names}
+    for k in range(args.rounds):
+        for i in range(len(names)):
+            name = names[(k + i) % len(names)]
+            step = usable[name]
+            step()  # warm-up
+            dist.barrier(group=gloo)
+            start = time.perf_counter()
+            for _ in range(args.iters):
+                step()
+            found[name].append(_mean_over_ranks((time.perf_counter() - start) / args.iters))
+    if rank == 0:
+        engine = "MPI" if launched_by_mpi() else "gloo engine"
+        print(f"{dist.get_world_size()} ranks, {args.mib:g} MiB float32, backend's CPU engine: {engine}; "
+              f"median of {args.rounds} alternating rounds of {args.iters} calls (ms)")
+        medians = {name: statistics.median(values) * 1e3 for name, values in found.items()}
+        for name, ms in medians.items():
+            spread = f"{min(found[name]) * 1e3:.1f}-{max(found[name]) * 1e3:.1f}"
+            print(f"  {name:20s} {ms:8.2f}   rounds {spread}")
+        pairs = (
+            ("backend", "direct"), ("gloo", "backend"), ("gloo-contiguous", "backend"),
+            ("gloo-transposed", "backend-transposed"), ("gloo-gather", "backend-gather"),
+            ("gloo-fresh", "backend-fresh"), ("backend-fresh", "backend"),
+        )
+        for a, b in pairs:
+            if a in medians and b in medians:
+                print(f"  {a} / {b}: {medians[a] / medians[b]:.2f}x")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

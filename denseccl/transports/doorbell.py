@@ -1,0 +1,137 @@
+"""Doorbells: how ranks that share cores wait for each other without polling.
+
+When a host's ranks cannot each have a core of their own (cores.py), a rank that polls while
+it waits burns the time its peer needs; yielding does not help much either: the scheduler
+(CFS, EEVDF) runs a yielding task again as long as it has used less than its fair share,
+so a waiter keeps polling for about as long as its peer worked. A waiter that sleeps hands
+the core over at once. So a crowded wait, once a short burst of polls has failed, raises its
+``asleep`` flag, tests once more, and sleeps on its doorbell (a futex in an MPI shared
+window, with a short timeout); a rank rings the doorbells of sleeping peers before it sleeps
+itself, after it posts an agreement and when one of its waits ends: whatever a peer waits
+for was made by one of those steps. A wake-up that is missed costs at most the nap
+(:data:`NAP_SECONDS`), never a hang: every sleep times out and tests again.
+
+Linux futexes through ``syscall(2)``, on the processors listed in :data:`FUTEX_SYSCALL`;
+elsewhere (and where the MPI library cannot make a shared window) there are no doorbells and
+crowded waits yield instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import sys
+from typing import Any, Callable, List, Optional
+
+#: the futex system call's number per processor (Linux)
+FUTEX_SYSCALL = {
+    "x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
+    "ppc64le": 221, "ppc64": 221, "s390x": 238, "i686": 240, "i386": 240, "armv7l": 240,
+}
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not the _PRIVATE variants
+#: the longest a sleeping waiter goes without testing again
+NAP_SECONDS = 0.0002
+#: 32-bit words per rank, one cache line: (rings, asleep)
+WORDS = 16
+#: doorbells replaced by a larger host's: their windows live until the process ends
+_RETIRED: List[Any] = []
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
+
+
+def futex_call() -> Optional[Callable[..., int]]:
+    """``syscall`` bound to the futex call, or None where this system has none we know."""
+    number = FUTEX_SYSCALL.get(platform.machine().lower())
+    if number is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    futex_number = ctypes.c_long(number)
+    return lambda *arguments: syscall(futex_number, *arguments)
+
+
+class Doorbells:
+    """The doorbells of one host's ``size`` ranks in shared ``memory`` at ``address``
+    (``size * WORDS`` 32-bit words, zeroed); ``sync``: the memory barrier between raising a
+    flag and testing (``Win.Sync``)."""
+
+    def __init__(self, memory: Any, address: int, rank: int, size: int, futex: Callable[..., int], sync: Callable[[], Any], window: Any = None) -> None:
+        self.rank = rank
+        self.size = size
+        self._words = memoryview(memory).cast("B").cast("i")
+        self._address = address
+        self._futex = futex
+        self._sync = sync
+        self._window = window
+        self._mine = rank * WORDS
+        self._peers = tuple(peer * WORDS for peer in range(size) if peer != rank)
+        seconds = int(NAP_SECONDS)
+        self._nap = _Timespec(seconds, int((NAP_SECONDS - seconds) * 1e9))
+
+    @classmethod
+    def open(cls, node: Any) -> Optional["Doorbells"]:
+        """Doorbells for the ranks of ``node``, an mpi4py communicator of one host (collective);
+        None where this system has no futex or the MPI library no shared window."""
+        from mpi4py import MPI  # noqa: PLC0415 - the page comes from the MPI library
+
+        futex = futex_call()
+        size = node.Get_size()
+        window = None
+        if node.allreduce(futex is not None, op=MPI.LAND):
+            try:
+                window = MPI.Win.Allocate_shared(size * WORDS * 4 if node.Get_rank() == 0 else 0, 4, comm=node)
+            except MPI.Exception:
+                window = None
+        if not node.allreduce(window is not None and window.model == MPI.WIN_UNIFIED, op=MPI.LAND):
+            if window is not None:
+                _RETIRED.append(window)
+            return None
+        assert window is not None  # every rank has one: the allreduce above said so
+        window.Lock_all(MPI.MODE_NOCHECK)  # the epoch Win.Sync needs, for the window's life
+        memory, _ = window.Shared_query(0)
+        if node.Get_rank() == 0:
+            zero = memoryview(memory).cast("B")  # type: ignore[arg-type]
+            zero[: size * WORDS * 4] = bytes(size * WORDS * 4)
+            zero.release()
+        window.Sync()
+        node.Barrier()
+        window.Sync()
+        return cls(memory, memory.address, node.Get_rank(), size, futex, window.Sync, window)  # type: ignore[arg-type]
+
+    def ring(self) -> None:
+        """Wake every peer that sleeps (cheap when none does: a barrier and a read per peer)."""
+        words = self._words
+        self._sync()  # what this rank did before, then the flags
+        for peer in self._peers:
+            if words[peer + 1]:
+                words[peer] += 1
+                self._futex(ctypes.c_void_p(self._address + 4 * peer), _FUTEX_WAKE, 1 << 30, None, None, 0)
+
+    def doze(self, test: Callable[[], bool]) -> bool:
+        """Sleep until a peer rings or the nap ends, unless ``test()`` is already true (tested
+        after the flag is up: a peer that makes it true afterwards sees the flag and rings).
+        Returns the last test's result (False after a sleep)."""
+        words, mine = self._words, self._mine
+        self.ring()  # a peer may be asleep waiting for what this rank did
+        rings = words[mine]
+        words[mine + 1] = 1
+        self._sync()  # the flag, then the test
+        try:
+            if test():
+                return True
+            self._futex(ctypes.c_void_p(self._address + 4 * mine), _FUTEX_WAIT, rings, ctypes.byref(self._nap), None, 0)
+            return False
+        finally:
+            words[mine + 1] = 0
+
+    def retire(self) -> None:
+        """Stop using these doorbells (local; ``Win.Free`` would wait for every rank)."""
+        if self._window is not None:
+            _RETIRED.append(self._window)
+            self._window = None

@@ -1,0 +1,336 @@
+"""The gloo engine: torch's gloo moves host spans where no MPI launcher started the job
+(torchrun, ``torch.multiprocessing.spawn``, env://, file://, tcp://).
+
+gloo is correct on flat contiguous 1-D tensors, and a span is exactly that: each method views
+the span at ``pointer`` as a 1-D tensor (no copy) and makes one gloo call on it. denseccl keeps
+everything else: the layout rule, the agreement before data moves, the errors. What gloo lacks
+is supplied around the call, as the MPI transport does: ``avg`` as a sum then a division,
+``PreMulSum`` as a scaling first, an out-of-place allreduce as a copy into ``recv`` (gloo
+reduces in place), a reduce on a non-root rank through a temporary (gloo uses the input as
+scratch there, and denseccl promises to only read it), dtypes gloo cannot move (int16, the
+unsigned ints above 8 bits, fp8) as bytes. Reductions of those dtypes are refused.
+
+The agreement step runs on a second gloo group of the same ranks (:class:`GlooControl`), so
+that it never queues behind a large transfer. Both groups are made from one key-value store
+(torch's ``TCPStore`` / ``FileStore`` / ``PrefixStore``); a peer that never joins makes their
+creation raise :class:`CollectiveTimeoutError` within the timeout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch._C._distributed_c10d as c10d
+from torch.distributed import PrefixStore, ProcessGroupGloo
+
+from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
+from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
+from .base import ControlChannel, Pending, Transport
+
+#: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
+_TORCH: Dict[str, Any] = {
+    name: getattr(torch, name)
+    for name in (
+        "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+        "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
+    )
+    if hasattr(torch, name)
+}
+#: dtypes gloo reduces (and moves as themselves)
+_GLOO_TYPES = frozenset(
+    {"bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
+)
+_RED = c10d.ReduceOp
+_GLOO_OPS = {
+    ReduceOp.SUM: _RED.SUM,
+    ReduceOp.AVG: _RED.SUM,
+    ReduceOp.PREMUL_SUM: _RED.SUM,
+    ReduceOp.PRODUCT: _RED.PRODUCT,
+    ReduceOp.MIN: _RED.MIN,
+    ReduceOp.MAX: _RED.MAX,
+}
+#: gloo's own limit on one call when the communicator waits forever
+_FOREVER = timedelta(days=365)
+
+
+def span_tensor(pointer: int, count: int, dtype: DType) -> torch.Tensor:
+    """The ``count`` elements at ``pointer`` as a 1-D tensor over that memory (no copy); dtypes
+    gloo cannot carry are viewed as their bytes."""
+    nbytes = count * dtype.itemsize
+    raw = (ctypes.c_byte * nbytes).from_address(pointer)
+    if dtype.name in _GLOO_TYPES:
+        return torch.frombuffer(raw, dtype=_TORCH[dtype.name], count=count)
+    return torch.frombuffer(raw, dtype=torch.uint8, count=nbytes)
+
+
+def _factor(op: PreMulSum, dtype: DType) -> Any:
+    """A PreMulSum factor in the dtype's kind (ops.py has checked that an integer one is whole)."""
+    return int(op.factor) if dtype.kind in "iu" else op.factor
+
+
+def _is_timeout(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text
+
+
+def _timeout_error(what: str, error: BaseException) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(
+        f"{what} did not complete within the timeout: a peer never joined (it may have crashed, be stuck, or have "
+        f"called a different sequence of collectives; gloo: {str(error).splitlines()[0][:200]}). The communicator is "
+        "now broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers are just slow"
+    )
+
+
+def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
+    """Block on a gloo Work until ``deadline`` (a ``time.monotonic()`` value; None: gloo's own
+    limit), turning gloo's timeout into :class:`CollectiveTimeoutError`."""
+    try:
+        if deadline is None:
+            work.wait()
+        else:
+            work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+    except RuntimeError as error:
+        if _is_timeout(error):
+            raise _timeout_error(what, error) from None
+        raise
+
+
+class GlooPending(Pending):
+    """A gloo Work, plus what must run on the host once it has completed."""
+
+    __slots__ = ("work", "finish", "keep")
+
+    def __init__(self, work: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None) -> None:
+        self.work = work
+        self.finish = finish
+        self.keep = keep  # temporaries and views gloo reads and writes
+
+    def test(self) -> bool:
+        if not self.work.is_completed():
+            return False
+        self._done(None)
+        return True
+
+    def wait(self, deadline: Optional[float]) -> None:
+        self._done(deadline)
+
+    def _done(self, deadline: Optional[float]) -> None:
+        wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
+        finish, self.finish, self.keep = self.finish, None, None
+        if finish is not None:
+            finish()
+
+
+def make_group(
+    store: Any, prefix: str, rank: int, size: int, timeout: Optional[float], what: str, deadline: Optional[float] = None
+) -> Any:
+    """A gloo group of ``size`` ranks on ``store`` under ``prefix`` whose calls give up after
+    ``timeout`` seconds (None: never); CollectiveTimeoutError when a peer has not joined by
+    ``deadline`` (a ``time.monotonic()`` value; default: ``timeout`` from now)."""
+    limit = _FOREVER if timeout is None else timedelta(seconds=timeout)
+    connect = limit if deadline is None else timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+    try:
+        group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, connect)
+    except RuntimeError as error:  # DistStoreError and gloo's connect errors are RuntimeErrors
+        if _is_timeout(error):
+            raise _timeout_error(what, error) from None
+        raise DenseCCLError(f"{what} failed: {type(error).__name__}: {error}") from error
+    if connect != limit:
+        group._set_default_timeout(limit)
+    return group
+
+
+class GlooTransport(Transport):
+    """Collectives on host spans over a torch gloo group (which this transport owns)."""
+
+    name = "gloo"
+    device_memory = False
+    dtypes = _TORCH
+
+    def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
+        self.group = group
+        self.rank = group.rank()
+        self.size = group.size()
+        self._store, self._prefix, self._timeout = store, prefix, timeout
+        self._splits = 0
+
+    def _op(self, op: Op, dtype: DType) -> Any:
+        kind = op_kind(op)
+        if dtype.kind == "b":
+            kind = BOOL_OPS[kind]
+        return _GLOO_OPS[kind]
+
+    def check_op(self, op: Op, dtype: DType) -> None:
+        if dtype.name not in _GLOO_TYPES:
+            raise LayoutError(
+                f"the gloo engine cannot reduce {dtype.name} (gloo reduces {', '.join(sorted(_GLOO_TYPES))}); "
+                "convert to "
+                "one of those, or launch with mpiexec for denseccl's MPI transport"
+            )
+        if dtype.kind == "c" and op_kind(op) is ReduceOp.PRODUCT:
+            raise LayoutError(
+                "the gloo engine cannot take the product of complex numbers; launch with mpiexec for the MPI transport"
+            )
+
+    def _finish(self, op: Op, target: torch.Tensor) -> Optional[Callable[[], None]]:
+        if op_kind(op) is not ReduceOp.AVG:
+            return None
+        size = self.size
+        if target.is_floating_point() or target.is_complex():
+            return lambda: target.div_(size)
+        return lambda: torch.div(target, size, rounding_mode="trunc", out=target)
+
+    def _prepared(self, send: int, recv: int, count: int, dtype: DType, op: Op) -> torch.Tensor:
+        """``recv`` holding what gloo reduces in place: ``send`` (copied when it is elsewhere),
+        scaled first for PreMulSum."""
+        target = span_tensor(recv, count, dtype)
+        if isinstance(op, PreMulSum):
+            torch.mul(span_tensor(send, count, dtype), _factor(op, dtype), out=target)
+        elif send != recv:
+            target.copy_(span_tensor(send, count, dtype))
+        return target
+
+    def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        target = self._prepared(send, recv, count, dtype, op)
+        options = c10d.AllreduceOptions()
+        options.reduceOp = self._op(op, dtype)
+        return GlooPending(self.group.allreduce([target], options), self._finish(op, target), target)
+
+    def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
+        if self.rank == root:
+            target = self._prepared(send, recv, count, dtype, op)
+            finish = self._finish(op, target)
+        else:  # gloo writes partial results into a non-root rank's tensor: give it a copy
+            source = span_tensor(send, count, dtype)
+            target = source * _factor(op, dtype) if isinstance(op, PreMulSum) else source.clone()
+            finish = None
+        options = c10d.ReduceOptions()
+        options.reduceOp = self._op(op, dtype)
+        options.rootRank = root
+        return GlooPending(self.group.reduce([target], options), finish, target)
+
+    def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
+        target = span_tensor(buffer, count, dtype)
+        options = c10d.BroadcastOptions()
+        options.rootRank = root
+        return GlooPending(self.group.broadcast([target], options), None, target)
+
+    def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
+        output = span_tensor(recv, count * self.size, dtype)
+        source = span_tensor(send, count, dtype)  # in place: this is output's own block
+        return GlooPending(self.group._allgather_base(output, source, c10d.AllgatherOptions()), None, (output, source))
+
+    def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        source = span_tensor(send, count * self.size, dtype)
+        if isinstance(op, PreMulSum):
+            source = source * _factor(op, dtype)  # the input is only read: scale a temporary
+        target = span_tensor(recv, count, dtype)
+        options = c10d.ReduceScatterOptions()
+        options.reduceOp = self._op(op, dtype)
+        work = self.group._reduce_scatter_base(target, source, options)
+        return GlooPending(work, self._finish(op, target), (source, target))
+
+    def barrier(self) -> Pending:
+        return GlooPending(self.group.barrier(c10d.BarrierOptions()))
+
+    def in_place(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Callable[[], bool]]]:
+        return None  # a replay would save little next to gloo's own per-call cost
+
+    def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
+        index = self._splits
+        self._splits += 1
+        members = _split_members(self.group, color, key, self.rank)
+        if members is None:
+            return None
+        prefix = f"{self._prefix}split{index}/color{color}/"
+        group = make_group(self._store, prefix, members.index(self.rank), len(members), self._timeout, "the gloo split")
+        return GlooTransport(group, self._store, prefix, self._timeout)
+
+    def close(self) -> None:
+        self.group = None
+
+
+def _split_members(
+    group: Any, color: Optional[int], key: int, rank: int, deadline: Optional[float] = None
+) -> Optional[List[int]]:
+    """The ranks passing ``color``, ordered by ``(key, rank)`` (as MPI and NCCL order them)."""
+    mine = torch.tensor([-1 if color is None else color, key], dtype=torch.int64)
+    every = torch.empty(2 * group.size(), dtype=torch.int64)
+    wait_work(group._allgather_base(every, mine, c10d.AllgatherOptions()), deadline, "the gloo split")
+    if color is None:
+        return None
+    pairs = every.view(-1, 2).tolist()
+    return [r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)]
+
+
+class GlooControl(ControlChannel):
+    """The agreement step over a gloo group of its own."""
+
+    def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
+        self.group = group
+        self.rank = group.rank()
+        self.size = group.size()
+        self._store, self._prefix, self._timeout = store, prefix, timeout
+        self._splits = 0
+        self._max = c10d.AllreduceOptions()
+        self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        buffer = torch.tensor(list(values), dtype=torch.int64)
+        wait_work(self.group.allreduce([buffer], self._max), deadline, "the agreement step")
+        return buffer.tolist()
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        lengths = torch.empty(self.size, dtype=torch.int64)
+        mine = torch.tensor([len(data)], dtype=torch.int64)
+        wait_work(self.group._allgather_base(lengths, mine, c10d.AllgatherOptions()), deadline, "the agreement step")
+        longest = max(int(lengths.max()), 1)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else padded[:0]
+        gathered = torch.empty(longest * self.size, dtype=torch.uint8)
+        wait_work(self.group._allgather_base(gathered, padded, c10d.AllgatherOptions()), deadline, "the agreement step")
+        raw = gathered.numpy().tobytes()
+        return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["GlooControl"]:
+        index = self._splits
+        self._splits += 1
+        members = _split_members(self.group, color, key, self.rank, deadline)
+        if members is None:
+            return None
+        prefix = f"{self._prefix}split{index}/color{color}/"
+        group = make_group(self._store, prefix, members.index(self.rank), len(members), self._timeout, "the gloo split")
+        return GlooControl(group, self._store, prefix, self._timeout)
+
+    def close(self) -> None:
+        self.group = None
+
+
+def open_gloo(
+    store: Any,
+    rank: int,
+    size: int,
+    timeout: Optional[float],
+    prefix: str = "denseccl/gloo/",
+    deadline: Optional[float] = None,
+) -> Tuple[GlooTransport, GlooControl]:
+    """The transport and control channel of ``size`` ranks meeting on ``store``: two gloo groups
+    (data, agreement) under ``prefix``. CollectiveTimeoutError when a peer has not joined by
+    ``deadline`` (default: ``timeout`` seconds from now)."""
+    if not 0 <= rank < size:
+        raise DenseCCLError(f"rank {rank} is not in 0..{size - 1}")
+    if deadline is None and timeout is not None:
+        deadline = time.monotonic() + timeout
+    data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
+    control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
+    transport = GlooTransport(data, store, f"{prefix}data/", timeout)
+    return transport, GlooControl(control, store, f"{prefix}control/", timeout)
+
+
+__all__ = ["GlooControl", "GlooPending", "GlooTransport", "make_group", "open_gloo", "span_tensor", "wait_work"]

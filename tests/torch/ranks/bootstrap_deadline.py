@@ -1,0 +1,74 @@
+"""A peer that never calls the bootstrap (issue 10 item 4): every other rank must raise
+CollectiveTimeoutError within the timeout, at every bootstrap step.
+
+usage: python bootstrap_deadline.py MODE SECONDS SKIPPER, under mpiexec or torchrun. MODE:
+``torch-init`` (denseccl.torch.init_process_group(timeout=SECONDS)), ``dist-init``
+(dist.init_process_group("denseccl", timeout=timedelta)), ``numpy-init``
+(denseccl.init(timeout=SECONDS)), ``subgroup`` (the world starts; then the skipper never calls
+new_group). The skipper prints its summary first and sleeps; the others leave with os._exit
+once they have checked (a timed-out MPI request can never complete, so no MPI_Finalize)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+import denseccl
+import denseccl.torch as dt
+from denseccl.config import launched_by_mpi
+
+mode, seconds, skipper = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+if launched_by_mpi():
+    from mpi4py import MPI  # MPI_Init itself waits for every rank (the MPI library's PMI barrier)
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+else:
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+skipper %= size
+
+
+def leave(failures: list) -> None:
+    if failures:
+        print(f"rank {rank}: {len(failures)} checks failed: {failures}", file=sys.stderr, flush=True)
+        os._exit(1)
+    print(f"rank {rank}: 1 checks passed", flush=True)
+    os._exit(0)
+
+
+def step() -> None:
+    if mode == "torch-init":
+        dt.init_process_group(timeout=seconds)
+    elif mode == "dist-init":
+        dist.init_process_group("denseccl", timeout=datetime.timedelta(seconds=seconds))
+    elif mode == "numpy-init":
+        denseccl.init(timeout=seconds)
+    elif mode == "subgroup":
+        dist.new_group(list(range(size)), backend="denseccl", timeout=datetime.timedelta(seconds=seconds))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if mode == "subgroup":
+    dt.init_process_group(timeout=120)
+    dist.barrier()
+if rank == skipper:
+    print(f"rank {rank}: 1 checks passed", flush=True)  # the skipper's verdict: it only waits
+    time.sleep(seconds + 20)
+    os._exit(0)
+started = time.monotonic()
+failures = []
+try:
+    step()
+    failures.append(f"{mode}: returned although rank {skipper} never called it")
+except denseccl.CollectiveTimeoutError as error:
+    elapsed = time.monotonic() - started
+    if not elapsed <= seconds + 5:
+        failures.append(f"{mode}: raised after {elapsed:.1f} s, timeout {seconds} s")
+    print(f"rank {rank}: {mode} raised CollectiveTimeoutError after {elapsed:.1f} s: {str(error)[:160]}", flush=True)
+except Exception as error:  # noqa: BLE001
+    failures.append(f"{mode}: raised {type(error).__name__} instead: {error}")
+leave(failures)

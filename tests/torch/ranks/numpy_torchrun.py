@@ -1,0 +1,84 @@
+"""denseccl.init() for NumPy arrays under torchrun (env:// variables, no MPI launcher): the
+gloo engine moves the spans, denseccl keeps the layout rule, the agreement and the errors.
+Every result against a NumPy reference of all ranks' inputs. Run with torchrun."""
+
+from __future__ import annotations
+
+import numpy as np
+from common import Checker
+
+import denseccl
+
+comm = denseccl.init()
+rank, size = comm.rank, comm.size
+check = Checker(rank)
+check.true(f"backend gloo ({comm.backend})", comm.backend == "gloo")
+
+
+def data(seed: int, r: int, shape, dtype) -> np.ndarray:
+    generator = np.random.default_rng(seed * 1009 + r)
+    return (generator.integers(-5, 6, size=shape) + (r + 1)).astype(dtype)
+
+
+def equal(what, got, want, tol=1e-6):
+    check.true(f"{what}: got {got} want {want}", got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol))
+
+
+layouts = {
+    "row-major": lambda a: np.ascontiguousarray(a),
+    "fortran": lambda a: np.asfortranarray(a),
+    "reversed": lambda a: np.ascontiguousarray(a[::-1, ::-1])[::-1, ::-1],
+    "permuted": lambda a: np.ascontiguousarray(a.transpose(2, 0, 1)).transpose(1, 2, 0),
+}
+for seed, (name, make) in enumerate(layouts.items()):
+    for dtype, ops in ((np.float32, ("sum", "prod", "min", "max", "avg")), (np.int32, ("sum", "avg")), (np.float16, ("sum",)), (np.bool_, ("sum", "prod"))):
+        for op in ops:
+            shape = (3, 4, 2)
+            x = make(data(seed, rank, shape, dtype))
+            strides = x.strides
+            comm.allreduce(x, op)
+            stack = np.stack([data(seed, r, shape, dtype).astype(np.float64) for r in range(size)])
+            want = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0), "avg": stack.sum(0) / size}[op]
+            if dtype == np.int32 and op == "avg":
+                want = np.trunc(want)
+            if dtype == np.bool_:
+                want = {"sum": stack.any(0), "prod": stack.all(0)}[op].astype(np.float64)
+            equal(f"allreduce {op} {np.dtype(dtype).name} {name}", x, want, tol=1e-2 if dtype == np.float16 else 1e-5)
+            check.true(f"allreduce keeps strides {name}", x.strides == strides)
+
+x = np.asfortranarray(data(20, rank, (3, 5), np.float64))
+out = np.empty_like(x)
+comm.allreduce(x, denseccl.PreMulSum(0.5), out=out)
+equal("out-of-place premul_sum", out, 0.5 * sum(data(20, r, (3, 5), np.float64) for r in range(size)))
+equal("... input untouched", x, data(20, rank, (3, 5), np.float64))
+y = np.asfortranarray(data(21, rank, (3, 5), np.float32))
+comm.reduce(y, root=size - 1, op="sum")
+want = sum(data(21, r, (3, 5), np.float32).astype(np.float64) for r in range(size)) if rank == size - 1 else data(21, rank, (3, 5), np.float32)
+equal("reduce (a non-root input is only read)", y, want)
+z = data(22, rank, (4, 3), np.int16).T
+comm.broadcast(z, root=1)
+equal("broadcast int16 (moved as bytes) transposed", z, data(22, 1, (4, 3), np.int16).T)
+g = comm.allgather(np.asfortranarray(data(23, rank, (2, 3), np.uint32)))
+equal("allgather uint32 fortran", g, np.stack([data(23, r, (2, 3), np.uint32) for r in range(size)]))
+stacked = np.stack([np.asfortranarray(data(24 + j, rank, (2, 3), np.float32)) for j in range(size)])
+block = comm.reduce_scatter(stacked, "max")
+equal("reduce_scatter max", block, np.stack([data(24 + rank, r, (2, 3), np.float32) for r in range(size)]).max(0))
+
+bad = np.ones((3, 4)) if rank == 0 else np.ones((4, 3)).T
+try:
+    comm.allreduce(bad)
+    check.true("layout mismatch raises", False)
+except denseccl.MismatchError as error:
+    check.true("mismatch message names the layouts", "mismatch" in str(error))
+try:
+    comm.allreduce(np.ones(4, np.int16))
+    check.true("int16 reduction refused", False)
+except (denseccl.LayoutError, denseccl.MismatchError) as error:
+    check.true(f"int16 reduction refused with the reason: {error}", "int16" in str(error) or "mismatch" in str(error))
+half = comm.split(rank % 2, key=-rank)
+v = np.full(3, rank, np.int64)
+half.allreduce(v)
+equal("split by parity (reversed order)", v, np.full(3, sum(r for r in range(size) if r % 2 == rank % 2)))
+comm.barrier()
+comm.close()
+check.done()
