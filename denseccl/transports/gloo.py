@@ -243,17 +243,24 @@ class GlooTransport(Transport):
         return None  # a replay would save little next to gloo's own per-call cost
 
     def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
-        index = self._splits
-        self._splits += 1
-        members = _split_members(self.group, color, key, self.rank)
-        if members is None:
-            return None
-        prefix = f"{self._prefix}split{index}/color{color}/"
-        group = make_group(self._store, prefix, members.index(self.rank), len(members), self._timeout, "the gloo split")
-        return GlooTransport(group, self._store, prefix, self._timeout)
+        made = _split(self, color, key, None)
+        return None if made is None else GlooTransport(made[0], self._store, made[1], self._timeout)
 
     def close(self) -> None:
         self.group = None
+
+
+def _split(owner: Any, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[Tuple[Any, str]]:
+    """The gloo group of ``owner``'s ranks passing ``color`` and its store prefix, or None for a
+    rank that passes None; ``owner``'s n-th split gets the same prefix on every rank."""
+    index = owner._splits
+    owner._splits += 1
+    members = _split_members(owner.group, color, key, owner.rank, deadline)
+    if members is None:
+        return None
+    prefix = f"{owner._prefix}split{index}/color{color}/"
+    group = make_group(owner._store, prefix, members.index(owner.rank), len(members), owner._timeout, "the gloo split")
+    return group, prefix
 
 
 def _split_members(
@@ -299,14 +306,8 @@ class GlooControl(ControlChannel):
         return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["GlooControl"]:
-        index = self._splits
-        self._splits += 1
-        members = _split_members(self.group, color, key, self.rank, deadline)
-        if members is None:
-            return None
-        prefix = f"{self._prefix}split{index}/color{color}/"
-        group = make_group(self._store, prefix, members.index(self.rank), len(members), self._timeout, "the gloo split")
-        return GlooControl(group, self._store, prefix, self._timeout)
+        made = _split(self, color, key, deadline)
+        return None if made is None else GlooControl(made[0], self._store, made[1], self._timeout)
 
     def close(self) -> None:
         self.group = None
