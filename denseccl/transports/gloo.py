@@ -102,15 +102,20 @@ def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
 class GlooPending(Pending):
     """A gloo Work, plus what must run on the host once it has completed."""
 
-    __slots__ = ("work", "finish", "keep")
+    __slots__ = ("work", "finish", "keep", "polled")
 
-    def __init__(self, work: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None) -> None:
+    def __init__(
+        self, work: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None, polled: bool = True
+    ) -> None:
         self.work = work
         self.finish = finish
         self.keep = keep  # temporaries and views gloo reads and writes
+        #: False for gloo works that never report completion until waited for (reduce_scatter):
+        #: test() then waits, bounded by the group's timeout
+        self.polled = polled
 
     def test(self) -> bool:
-        if not self.work.is_completed():
+        if self.polled and not self.work.is_completed():
             return False
         self._done(None)
         return True
@@ -232,7 +237,7 @@ class GlooTransport(Transport):
         options = c10d.ReduceScatterOptions()
         options.reduceOp = self._op(op, dtype)
         work = self.group._reduce_scatter_base(target, source, options)
-        return GlooPending(work, self._finish(op, target), (source, target))
+        return GlooPending(work, self._finish(op, target), (source, target), polled=False)
 
     def barrier(self) -> Pending:
         return GlooPending(self.group.barrier(c10d.BarrierOptions()))
