@@ -1,7 +1,7 @@
 """A host control channel over a key-value store (torch's ``TCPStore``, or anything with its
 ``set`` / ``wait`` / ``get`` / ``check`` / ``delete_key`` methods).
 
-It carries the agreement step (DESIGN §5) where there is no MPI: under a torchrun-style launch
+It carries the agreement step (docs/design.md) where there is no MPI: under a torchrun-style launch
 and in the torch adapter. Each exchange is one sequence number: every rank sets
 ``{prefix}/{seq}/{rank}``, waits until all ``size`` keys exist (up to the deadline, then
 :class:`CollectiveTimeoutError`) and reads them. A rank that has read all keys of ``seq`` knows
