@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.mpi.summaries import expect_summaries
-from tests.support.ranks import flavour, mpich_segments, mpiexec, remove_orphaned_segments, run_ranks
+from tests.support.ranks import flavour, mpi_segments, mpiexec, remove_orphaned_segments, run_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -22,7 +22,7 @@ BOARD = {"1": "board", "0": "mpi"}
 @pytest.fixture
 def segments():
     """Remove what jobs whose ranks leave through os._exit left in /dev/shm."""
-    before = mpich_segments()
+    before = mpi_segments()
     yield
     remove_orphaned_segments(before)
 

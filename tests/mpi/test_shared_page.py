@@ -1,8 +1,8 @@
 """The board's shared page belongs to the MPI library (an MPI.Win.Allocate_shared window): no
 file of ours exists in /dev/shm while a job runs, after it ends, or after it is killed. Each
 job runs in a private mount namespace with its own tmpfs on /dev/shm, so what it leaves is
-seen exactly and discarded with the namespace (MPICH's own segment, mpich_shm_*, outlives a
-SIGKILL; it is MPICH's, not ours)."""
+seen exactly and discarded with the namespace (the MPI library's own segments, MPICH's mpich_shm_* and Open
+MPI's sm_segment.*, outlive a SIGKILL; they are the library's, not ours)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ranks import ROOT, kill_session, mpiexec
+from tests.support.ranks import ROOT, is_mpi_segment, kill_session, mpiexec
 
 pytestmark = pytest.mark.mpi
 
@@ -57,20 +57,20 @@ def run_job(nranks: int, how: str) -> dict:
     return found
 
 
-def not_mpichs(names: list) -> list:
-    return [name for name in names if not name.startswith("mpich_shm_")]
+def not_mpis(names: list) -> list:
+    return [name for name in names if not is_mpi_segment(name)]
 
 
 @needs_private_shm
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_a_killed_job_leaves_nothing_of_ours(nranks: int) -> None:
     found = run_job(nranks, "kill")
-    assert not_mpichs(found["RUNNING"]) == [], found
-    assert not_mpichs(found["LEFT"]) == [], found
+    assert not_mpis(found["RUNNING"]) == [], found
+    assert not_mpis(found["LEFT"]) == [], found
 
 
 @needs_private_shm
 def test_a_finished_job_leaves_nothing() -> None:
     found = run_job(2, "finish")
-    assert not_mpichs(found["RUNNING"]) == [], found
-    assert found["LEFT"] == [], found  # MPICH removes its own segment at MPI_Finalize
+    assert not_mpis(found["RUNNING"]) == [], found
+    assert found["LEFT"] == [], found  # the MPI library removes its own segments at MPI_Finalize

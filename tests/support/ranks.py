@@ -114,23 +114,35 @@ def run_ranks(
     return result
 
 
-def mpich_segments() -> set:
-    """The MPICH shared-memory segments in /dev/shm now."""
-    return set(Path("/dev/shm").glob("mpich_shm_*")) if Path("/dev/shm").is_dir() else set()
+# The MPI libraries' own shared-memory segments: MPICH's and Open MPI's (btl/sm, and vader
+# before Open MPI 5). A job whose ranks are killed leaves them behind.
+MPI_SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.")
+
+
+def is_mpi_segment(name: str) -> bool:
+    """Whether a /dev/shm entry is one of the MPI library's own segments (not denseccl's)."""
+    return name.startswith(MPI_SEGMENT_PREFIXES)
+
+
+def mpi_segments() -> set:
+    """The MPI library's shared-memory segments in /dev/shm now."""
+    shm = Path("/dev/shm")
+    return {path for path in shm.iterdir() if is_mpi_segment(path.name)} if shm.is_dir() else set()
 
 
 def remove_orphaned_segments(before: set) -> None:
-    """Remove the MPICH segments that appeared since ``before`` and that no process maps any
+    """Remove the MPI segments that appeared since ``before`` and that no process maps any
     more: a job whose ranks left through ``os._exit`` or were killed leaves them behind.
     Segments of other jobs still running are mapped by them, so they stay."""
-    new = mpich_segments() - before
+    new = mpi_segments() - before
     if not new:
         return
+    names = {str(segment) for segment in new}
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             mapped.update(
-                line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "mpich_shm_" in line
+                path for line in maps.read_text().splitlines() if (path := line.split(maxsplit=5)[-1].strip()) in names
             )
         except OSError:
             continue

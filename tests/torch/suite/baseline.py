@@ -7,9 +7,7 @@ test_torch_suite.py checks that the stored list is still what gloo does.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import glob
 import json
 import os
 import signal
@@ -17,7 +15,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence
+
+from tests.support.ranks import mpi_segments, remove_orphaned_segments
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -49,7 +49,7 @@ def run_driver(
         if mpiexec is not None:
             command = [mpiexec, "-n", str(world_size), sys.executable, str(DRIVER), "--mpi", "--out", out, *names]
         log = open(os.path.join(scratch, "log"), "w+")
-        before = set(glob.glob("/dev/shm/mpich_shm_*"))
+        before = mpi_segments()
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=scratch, start_new_session=True
         )
@@ -58,7 +58,7 @@ def run_driver(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            remove_orphaned_segments(set(glob.glob("/dev/shm/mpich_shm_*")) - before)
+            remove_orphaned_segments(before)
         records: Dict[str, Dict[str, object]] = {}
         if os.path.exists(out):
             with open(out) as f:
@@ -73,22 +73,6 @@ def run_driver(
                     break
         log.close()
     return records
-
-
-def remove_orphaned_segments(candidates: Set[str]) -> None:
-    """Remove MPICH shared-memory files that a killed job left behind: those among
-    ``candidates`` (created while it ran) that no live process still maps (other jobs share
-    this machine)."""
-    mapped: Set[str] = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                mapped.update(line.split(None, 5)[-1].strip() for line in f if "mpich_shm_" in line)
-        except OSError:
-            continue
-    for path in candidates - mapped:
-        with contextlib.suppress(OSError):
-            os.remove(path)
 
 
 def passed(records: Dict[str, Dict[str, object]]) -> List[str]:
