@@ -177,8 +177,8 @@ class Flow:
     def wait(self, pending: Pending, keep: Any, timeout: Optional[float] = None, synchronize: bool = False) -> None:
         """Complete ``pending`` (``timeout`` seconds, default the communicator's). A device
         transport's wait orders the caller's stream after it, ``synchronize`` blocks the host;
-        a host transport's is polling its test."""
-        if not self.transport.device_memory:
+        a host transport's polls its test, unless its wait blocks in the library (gloo)."""
+        if not self.transport.device_memory and not pending.blocks:
             self.settle(pending.test, (pending, keep), timeout)
             return
         try:

@@ -21,6 +21,11 @@ from ..ops import DType, Op
 class Pending(ABC):
     """A started operation."""
 
+    #: True where :meth:`wait` sleeps inside the library until completion (gloo's
+    #: ``Work.wait``): a waiter then blocks there instead of polling :meth:`test`, leaving the
+    #: cores to the library's own threads, which move the data
+    blocks = False
+
     @abstractmethod
     def test(self) -> bool:
         """True once the operation has completed (never blocks)."""

@@ -103,6 +103,7 @@ class GlooPending(Pending):
     """A gloo Work, plus what must run on the host once it has completed."""
 
     __slots__ = ("work", "finish", "keep", "polled")
+    blocks = True  # gloo's threads move the data; a polling waiter would take their cores
 
     def __init__(
         self, work: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None, polled: bool = True
