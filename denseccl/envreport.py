@@ -163,7 +163,7 @@ def mpiexec_note() -> str:
 
 def _nccl_status() -> Tuple[bool, str]:
     try:
-        from .nccl_bootstrap import nccl_missing  # noqa: PLC0415
+        from .bootstrap.nccl import nccl_missing  # noqa: PLC0415
     except ImportError as error:
         return False, f"denseccl's NCCL bootstrap cannot be imported ({error})"
     problem = nccl_missing()

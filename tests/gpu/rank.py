@@ -209,9 +209,9 @@ def split(comm) -> None:
 
 
 def _shared_store():
-    from denseccl import nccl_bootstrap
+    from denseccl.bootstrap import rendezvous
 
-    return next(iter(nccl_bootstrap._STORES.values()), None)
+    return next(iter(rendezvous._STORES.values()), None)
 
 
 def faults(comm) -> None:

@@ -34,7 +34,7 @@ def gpu_problem() -> Optional[str]:
             import cupy  # noqa: F401
     except Exception as error:  # noqa: BLE001
         return f"cupy is not importable ({type(error).__name__}: {error})"
-    from denseccl.nccl_bootstrap import nccl_missing
+    from denseccl.bootstrap.nccl import nccl_missing
 
     return nccl_missing()
 

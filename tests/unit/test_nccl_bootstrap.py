@@ -10,7 +10,8 @@ import warnings
 import pytest
 
 import denseccl
-from denseccl import bootstrap, nccl_bootstrap
+from denseccl import bootstrap, config
+from denseccl.bootstrap import nccl as nccl_bootstrap
 from denseccl.errors import DenseCCLError
 
 RAW = bytes(range(128))
@@ -81,11 +82,11 @@ def test_real_unique_id_when_nccl_is_installed():
 
 
 def test_local_rank_and_device():
-    assert nccl_bootstrap.local_rank_from_env({"LOCAL_RANK": "3"}) == 3
-    assert nccl_bootstrap.local_rank_from_env({"MPI_LOCALRANKID": "1"}) == 1
-    assert nccl_bootstrap.local_rank_from_env({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
-    assert nccl_bootstrap.local_rank_from_env({"LOCAL_RANK": "x"}) is None
-    assert nccl_bootstrap.local_rank_from_env({}) is None
+    assert config.local_rank({"LOCAL_RANK": "3"}) == 3
+    assert config.local_rank({"MPI_LOCALRANKID": "1"}) == 1
+    assert config.local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
+    assert config.local_rank({"LOCAL_RANK": "x"}) is None
+    assert config.local_rank({}) is None
     assert nccl_bootstrap.pick_device(5, 9, 4) == 1
     assert nccl_bootstrap.pick_device(None, 9, 4) == 1
     assert nccl_bootstrap.pick_device(1, 1, 1) == 0  # two ranks may share one GPU (NCCL_HOSTID trick)

@@ -5,7 +5,6 @@ the host channel, and a second init on the same store gets its own namespace."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import types
 from datetime import timedelta
@@ -14,7 +13,8 @@ import numpy as np
 import pytest
 
 import denseccl
-from denseccl import nccl_bootstrap
+from denseccl.bootstrap import nccl as nccl_bootstrap
+from denseccl.bootstrap import rendezvous
 from denseccl.errors import MismatchError
 from denseccl.transports import nccl as nccl_transport
 from denseccl.transports.nccl_tables import version_code
@@ -129,7 +129,7 @@ def test_torchrun_environment(fakes, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setattr(sys.modules["denseccl.bootstrap"], "_STORES", {})  # the env:// store cache (bootstrap.py)
+    monkeypatch.setattr(rendezvous, "_STORES", {})  # the env:// store cache
     first = denseccl.init(backend="nccl", timeout=10)
     second = denseccl.init(backend="nccl", timeout=10)  # reuses the store: its server holds the port
     assert first.size == 1 and first.transport.device == 1  # LOCAL_RANK 3 modulo 2 GPUs

@@ -19,15 +19,15 @@ store (:class:`~denseccl.transports.store.StoreControl`), never as a device sync
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 import warnings
 from typing import Any, Optional, Tuple
 
-from . import config
-from .communicator import Communicator
-from .errors import DenseCCLError
+from .. import config
+from ..communicator import Communicator
+from ..errors import DenseCCLError
+from . import rendezvous
+from .rendezvous import env_int, env_launch, env_store, store_namespace
 
 INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
 UNIQUE_ID_BYTES = 128
@@ -137,10 +137,6 @@ def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_versi
 # -- which device ----------------------------------------------------------------------------------
 
 
-def local_rank_from_env(environ: Any = None) -> Optional[int]:
-    return config.local_rank(environ)
-
-
 def pick_device(local_rank: Optional[int], rank: int, count: int) -> int:
     """The local rank (else the global rank) modulo the number of visible devices."""
     if count < 1:
@@ -164,14 +160,13 @@ def _use_device(cupy: Any, device: int) -> None:
 
 def launch_kind(*, comm: Any = None, store: Any = None, size: Optional[int] = None, environ: Any = None) -> str:
     """``"store"``, ``"mpi"``, ``"env"`` (torchrun-style) or ``"solo"``: how ranks meet."""
-    environ = os.environ if environ is None else environ
     if store is not None:
         return "store"
     if comm is not None:
         return "mpi"
     if size == 1:
         return "solo"
-    if all(environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+    if env_launch(environ):
         return "env"
     if size is not None:
         raise DenseCCLError(
@@ -179,18 +174,6 @@ def launch_kind(*, comm: Any = None, store: Any = None, size: Optional[int] = No
             "environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or mpiexec"
         )
     return "mpi"
-
-
-def _env_int(name: str, given: Optional[int]) -> int:
-    if given is not None:
-        return int(given)
-    raw = os.environ.get(name)
-    if raw is None:
-        raise DenseCCLError(f"pass {name.lower()}= or set {name}")
-    try:
-        return int(raw)
-    except ValueError:
-        raise DenseCCLError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def _mpi_world() -> Any:
@@ -207,18 +190,11 @@ def _mpi_world() -> Any:
     return MPI.COMM_WORLD
 
 
-def _env_store(rank: int, size: int, timeout: float) -> Any:
-    """The env:// store, shared with the host communicators of this process (bootstrap.py)."""
-    from .bootstrap import env_store  # noqa: PLC0415
-
-    return env_store(rank, size, timeout)
-
-
 def init_nccl(
     *,
     comm: Any = None,
     check: bool = True,
-    timeout: Optional[float] = 300.0,
+    timeout: Optional[float] = config.DEFAULT_TIMEOUT,
     store: Any = None,
     rank: Optional[int] = None,
     size: Optional[int] = None,
@@ -233,10 +209,10 @@ def init_nccl(
             "(known: comm, store, rank, size, device, prefix)"
         )
     cupy, nccl = _require_nccl()
-    from .transports.nccl import NCCLTransport  # noqa: PLC0415
-    from .transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
+    from ..transports.nccl import NCCLTransport  # noqa: PLC0415
+    from ..transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
 
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = rendezvous.deadline(timeout)
     kind = launch_kind(comm=comm, store=store, size=size)
     if kind == "mpi":
         comm = comm if comm is not None else _mpi_world()
@@ -246,14 +222,14 @@ def init_nccl(
 
     if kind == "solo":
         rank, size = 0, 1
-        chosen = device if device is not None else pick_device(local_rank_from_env(), 0, count)
+        chosen = device if device is not None else pick_device(config.local_rank(), 0, count)
         _use_device(cupy, chosen)
         raw = unique_id_bytes(nccl.get_unique_id())
         control: Any = SoloControl()
     elif kind == "mpi":
         from mpi4py import MPI  # noqa: PLC0415
 
-        from .transports.mpi import open_control  # noqa: PLC0415
+        from ..transports.mpi import open_control  # noqa: PLC0415
 
         rank, size = comm.Get_rank(), comm.Get_size()
         if device is None:
@@ -268,14 +244,12 @@ def init_nccl(
         raw = comm.bcast(unique_id_bytes(nccl.get_unique_id()) if rank == 0 else None, root=0)
         control = open_control(comm.Dup())
     else:
-        rank, size = _env_int("RANK", rank), _env_int("WORLD_SIZE", size)
+        rank, size = env_int("RANK", rank), env_int("WORLD_SIZE", size)
         if kind == "env":
-            store = _env_store(rank, size, timeout or 300.0)
-        chosen = device if device is not None else pick_device(local_rank_from_env(), rank, count)
+            store = env_store(rank, size, timeout)
+        chosen = device if device is not None else pick_device(config.local_rank(), rank, count)
         _use_device(cupy, chosen)
-        # the n-th communicator this rank builds on this store (a per-rank counter kept in the
-        # store itself, so groups with different members and re-created store objects agree)
-        namespace = f"{prefix}/nccl/{int(store.add(f'{prefix}/nccl/inits/{rank}', 1)) - 1}"
+        namespace = store_namespace(store, prefix, "nccl", rank)
         key = f"{namespace}/unique_id"
         if rank == 0:
             store.set(key, unique_id_bytes(nccl.get_unique_id()))

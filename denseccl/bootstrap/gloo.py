@@ -1,0 +1,51 @@
+"""The gloo engine's bootstrap: ranks that meet on a torch key-value store (``store=``, or the
+env:// store of a torchrun-style launch)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from ..communicator import Communicator
+from ..errors import DenseCCLError
+from .rendezvous import env_int, env_launch, env_store, store_namespace
+
+
+def init_gloo(
+    check: bool,
+    timeout: Optional[float],
+    deadline: Optional[float],
+    *,
+    store: Any = None,
+    rank: Optional[int] = None,
+    size: Optional[int] = None,
+    prefix: str = "denseccl",
+    **unexpected: Any,
+) -> Communicator:
+    """The gloo engine on ``store`` (default: the env:// store of a torchrun-style launch)."""
+    if unexpected:
+        raise DenseCCLError(
+            f"unexpected options for the gloo backend: {', '.join(sorted(unexpected))} "
+            "(known: store, rank, size, prefix)"
+        )
+    try:
+        from ..transports.gloo import open_gloo  # noqa: PLC0415 - needs torch
+    except ImportError as error:
+        raise DenseCCLError(
+            f"the gloo engine needs torch ({error}): install torch, or launch with mpiexec for the MPI transport "
+            "(pip install 'denseccl[mpi]')"
+        ) from None
+    rank, size = env_int("RANK", rank), env_int("WORLD_SIZE", size)
+    if store is None:
+        if not env_launch():
+            raise DenseCCLError(
+                "the gloo backend needs a way for the ranks to meet: store= (a torch TCPStore or FileStore) with rank= "
+                "and size=, or a torchrun-style environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+            )
+        store = env_store(rank, size, None if deadline is None else max(deadline - time.monotonic(), 0.001))
+    namespace = store_namespace(store, prefix, "gloo", rank)
+    transport, control = open_gloo(store, rank, size, timeout, f"{namespace}/", deadline)
+    return Communicator(transport, control, check=check, timeout=timeout)
+
+
+__all__ = ["init_gloo"]

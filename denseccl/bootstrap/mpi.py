@@ -1,0 +1,69 @@
+"""The MPI transport's bootstrap: the ranks of an MPI launch (mpiexec, mpirun, srun with PMI)
+or of a given mpi4py communicator."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from .. import config, log
+from ..communicator import Communicator
+from ..errors import CollectiveTimeoutError, DenseCCLError
+
+
+def import_mpi() -> Any:
+    """mpi4py's ``MPI``, or :class:`DenseCCLError` with how to install it."""
+    try:
+        from mpi4py import MPI  # noqa: PLC0415 - optional dependency
+    except ImportError as error:
+        raise DenseCCLError(
+            f"the mpi backend needs mpi4py and an MPI library ({error}); install them with "
+            "pip install 'denseccl[mpi]' (mpi4py and mpich) and launch the job with mpiexec"
+        ) from None
+    return MPI
+
+
+def init_mpi(
+    comm: Any, check: bool, timeout: Optional[float], deadline: Optional[float], on_timeout: str
+) -> Communicator:
+    """A Communicator over two duplicates of ``comm`` (default ``COMM_WORLD``): one for the data,
+    one for the agreement step."""
+    MPI = import_mpi()
+    from ..transports.base import abandon, wait_until  # noqa: PLC0415
+    from ..transports.mpi import MPITransport, open_control  # noqa: PLC0415
+
+    base = comm if comm is not None else MPI.COMM_WORLD
+    _log_mpi(MPI, base)
+    duplicates = []
+    for _ in range(2):  # nonblocking, so that a peer that never calls init cannot hold this rank forever
+        duplicate, request = base.Idup()
+        try:
+            wait_until(request.Test, deadline, "denseccl.init (MPI_Comm_idup: every rank must call init)")
+        except CollectiveTimeoutError:
+            abandon(duplicate, request)
+            raise
+        duplicates.append(duplicate)
+    # every rank has arrived: the control channel's own collective setup completes
+    transport = MPITransport(duplicates[0])
+    return Communicator(transport, open_control(duplicates[1]), check=check, timeout=timeout, on_timeout=on_timeout)
+
+
+def _log_mpi(MPI: Any, base: Any) -> None:
+    """``DENSECCL_DEBUG=INFO``: this rank's place in the job and the kernels it reduces with."""
+    if not log.logger.isEnabledFor(logging.INFO):
+        return
+    import mpi4py  # noqa: PLC0415
+
+    from ..transports import host_kernels  # noqa: PLC0415
+
+    log.set_rank(MPI.COMM_WORLD.Get_rank())
+    library = " ".join(str(MPI.Get_library_version()).splitlines()[0].split())
+    which = "the world" if base == MPI.COMM_WORLD else "a given"
+    log.info("init: mpi: rank %d of %d on host %s, %s communicator, %s, mpi4py %s", base.Get_rank(), base.Get_size(),
+             MPI.Get_processor_name(), which, library, mpi4py.__version__)
+    log.info("init: float16/bfloat16 reductions on %s kernels (DENSECCL_HOST_KERNELS=%s)",
+             "the compiled" if host_kernels.native_available() else "torch's or NumPy's (compiled ones not built)",
+             config.settings().host_kernels)
+
+
+__all__ = ["import_mpi", "init_mpi"]

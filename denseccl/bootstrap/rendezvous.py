@@ -1,0 +1,79 @@
+"""How the ranks of a launch meet without MPI: the torchrun-style variables, the env:// store
+(one per process, shared by every backend), the namespace of each communicator on a store, and
+the one deadline that every step of a bootstrap honours."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .. import config
+from ..errors import CollectiveTimeoutError, DenseCCLError
+
+#: the variables of a torchrun-style launch (env://)
+ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def deadline(timeout: Optional[float]) -> Optional[float]:
+    """The ``time.monotonic()`` value ``timeout`` seconds from now (None: never)."""
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def env_launch(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process has a torchrun-style environment (env://)."""
+    source = os.environ if environ is None else environ
+    return all(source.get(name) for name in ENV_VARIABLES)
+
+
+def env_int(name: str, given: Optional[int]) -> int:
+    """``given``, else the integer in the environment variable ``name`` (``RANK``, ``WORLD_SIZE``)."""
+    if given is not None:
+        return int(given)
+    raw = os.environ.get(name)
+    if raw is None:
+        raise DenseCCLError(f"pass {name.lower()}= or set {name} (a torchrun-style launch sets it)")
+    try:
+        return int(raw)
+    except ValueError:
+        raise DenseCCLError(f"{name} must be an integer, got {raw!r}") from None
+
+
+_STORES: Dict[Tuple[str, int], Any] = {}
+
+
+def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:  # timeout: seconds to reach the server
+    """The ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``, made once per process (a second init
+    reuses it: its server holds the port), served by rank 0 unless torchrun's agent serves it
+    (``TORCHELASTIC_USE_AGENT_STORE=True``). CollectiveTimeoutError when the server cannot be
+    reached within ``timeout`` seconds."""
+    from ..transports.store import tcp_store  # noqa: PLC0415 - needs torch
+
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    store = _STORES.get(address)
+    if store is None:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        try:
+            store = tcp_store(
+                *address, rank, size, is_master=rank == 0 and not agent, timeout=timeout or config.DEFAULT_TIMEOUT
+            )
+        except RuntimeError as error:  # DistStoreError, DistNetworkError: the server is not there
+            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
+                raise CollectiveTimeoutError(
+                    f"denseccl.init could not reach the store at {address[0]}:{address[1]} within the timeout "
+                    f"({error}); is rank 0 running, and are MASTER_ADDR and MASTER_PORT the same on every rank?"
+                ) from None
+            raise
+        _STORES[address] = store
+    return store
+
+
+def store_namespace(store: Any, prefix: str, backend: str, rank: int) -> str:
+    """``{prefix}/{backend}/{n}`` for the n-th communicator of ``backend`` (from 0) that this
+    rank builds on ``store``. The counter is per rank and kept in the store itself, so that
+    groups with different members and re-created store objects agree on ``n``."""
+    number = int(store.add(f"{prefix}/{backend}/inits/{rank}", 1)) - 1
+    return f"{prefix}/{backend}/{number}"
+
+
+__all__ = ["ENV_VARIABLES", "deadline", "env_int", "env_launch", "env_store", "store_namespace"]
