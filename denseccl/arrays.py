@@ -13,9 +13,9 @@ from typing import Any, Dict, NamedTuple, Tuple
 
 import numpy as np
 
+from .dtypes import DTYPES
 from .errors import LayoutError
 from .layout import Layout
-from .ops import DTYPES
 
 #: Device of a buffer: -1 for host memory, else the CUDA device index.
 HOST = -1
@@ -314,95 +314,3 @@ def allocate(like: Buffer, layout: Layout) -> Any:
     with cupy.cuda.Device(like.device):
         memory = cupy.cuda.alloc(max(numel, 1) * layout.itemsize)
         return cupy.ndarray(layout.shape, dtype, memptr=memory + (-lo * layout.itemsize), strides=byte_strides)
-
-
-# -- CUDA streams ------------------------------------------------------------------------------
-
-
-class StreamRef(NamedTuple):
-    """The CUDA stream a device collective runs on, and whose *current* stream ``Work.wait()``
-    should order after it: ``library`` is ``"torch"`` for torch tensors (torch's current
-    stream), else ``"cupy"`` (CuPy's current stream)."""
-
-    pointer: int
-    library: str
-    device: int
-
-
-def current_stream_pointer(library: str, device: int) -> int:
-    """The ``cudaStream_t`` that ``library`` (``"torch"`` or ``"cupy"``) treats as current on
-    ``device`` right now (0 is the legacy default stream)."""
-    if library == "torch":
-        torch = sys.modules["torch"]
-        return int(torch.cuda.current_stream(device).cuda_stream)
-    import cupy  # noqa: PLC0415 - device arrays only
-
-    try:
-        return int(cupy.cuda.get_current_stream(device).ptr)
-    except TypeError:  # a CuPy whose get_current_stream takes no device
-        with cupy.cuda.Device(device):
-            return int(cupy.cuda.get_current_stream().ptr)
-
-
-def stream_pointer(stream: Any) -> int:
-    """The ``cudaStream_t`` of a stream given by the user: an int handle, a CuPy stream
-    (``.ptr``), a torch stream (``.cuda_stream``) or any object with ``__cuda_stream__``."""
-    if isinstance(stream, bool):
-        raise LayoutError(f"stream={stream!r} is not a CUDA stream")
-    if isinstance(stream, int):
-        return stream
-    protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is not None:
-        _version, handle = protocol() if callable(protocol) else protocol
-        return int(handle)
-    for attribute in ("ptr", "cuda_stream"):
-        value = getattr(stream, attribute, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    raise LayoutError(
-        f"stream={stream!r} is not a CUDA stream: pass a cupy.cuda.Stream, a torch.cuda.Stream, an object "
-        "with __cuda_stream__, an integer cudaStream_t, or None for the array's current stream"
-    )
-
-
-def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
-    """The stream a device collective on ``buffer`` runs on: ``stream`` if given, else the
-    array's current stream (torch's for torch tensors, CuPy's for CuPy arrays; for other
-    ``__cuda_array_interface__`` objects the interface's ``stream`` entry if it names one,
-    else CuPy's current stream). Running there orders the collective after the kernels that
-    produced the data, with no host synchronisation."""
-    library = "torch" if buffer.library == "torch" else "cupy"
-    if stream is not None:
-        return StreamRef(stream_pointer(stream), library, buffer.device)
-    if buffer.library == "cuda_array_interface":
-        named = getattr(buffer.owner, "__cuda_array_interface__", {}).get("stream")
-        if isinstance(named, int) and not isinstance(named, bool) and named > 0:
-            # 1 is cudaStreamLegacy, the stream that handle 0 names in CuPy, torch and NCCL
-            return StreamRef(0 if named == 1 else named, library, buffer.device)
-    return StreamRef(current_stream_pointer(library, buffer.device), library, buffer.device)
-
-
-_TORCH_STREAMS: Dict[Tuple[int, int], Any] = {}
-
-
-def record_stream(ref: Any, keep: Any) -> None:
-    """Tell torch's caching allocator that the CUDA tensors among ``keep`` (a Buffer or a tuple
-    of them) are used by work on stream ``ref`` (a :class:`StreamRef`), as ProcessGroupNCCL
-    does for its stream: a tensor freed after ``Work.wait()`` (which orders only the caller's
-    current stream) is then not handed out again on its allocation stream before that work is
-    done. torch ignores it where ``ref`` is the allocation stream. Other libraries: nothing."""
-    if not isinstance(ref, StreamRef) or ref.library != "torch":
-        return
-    stream = _TORCH_STREAMS.get((ref.pointer, ref.device))
-    if stream is None:
-        if len(_TORCH_STREAMS) >= 256:  # streams come and go: keep the cache bounded
-            _TORCH_STREAMS.clear()
-        stream = sys.modules["torch"].cuda.ExternalStream(ref.pointer, device=ref.device)
-        _TORCH_STREAMS[(ref.pointer, ref.device)] = stream
-    seen = None
-    for buffer in (keep,) if isinstance(keep, Buffer) else keep:
-        if not isinstance(buffer, Buffer) or buffer.library != "torch" or buffer.device == HOST:
-            continue
-        if buffer.owner is not seen:
-            buffer.owner.record_stream(stream)
-            seen = buffer.owner  # in place: the input is the output

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from . import arrays, config
+from . import config, streams
 from .agreement import Descriptor
 from .arrays import HOST, Buffer, allocate, as_buffer
+from .dtypes import DTYPES
 from .errors import LayoutError
 from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
-from .ops import DTYPES, Op, OpLike, ReduceOp, as_op, check_op_for_dtype
+from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
 from .plans import lookup, remember, writable
 from .transports.base import ControlChannel, Transport
 from .work import Work
@@ -348,8 +349,8 @@ class Communicator:
             )
 
     def _stream(self, buffer: Buffer, stream: Any) -> Any:
-        """The stream a device collective runs on (see :func:`arrays.current_stream`)."""
-        return arrays.current_stream(buffer, stream) if self.transport.device_memory else stream
+        """The stream a device collective runs on (see :func:`streams.current_stream`)."""
+        return streams.current_stream(buffer, stream) if self.transport.device_memory else stream
 
     def _check_dtype(self, buffer: Buffer) -> None:
         """For collectives without an op: the transport must be able to move the dtype (SUM is
@@ -387,4 +388,4 @@ def _not_dense(name: str, layout: Layout) -> str:
     )
 
 
-__all__ = ["Communicator", "Work", "arrays"]
+__all__ = ["Communicator", "Work"]

@@ -29,7 +29,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
-from . import arrays, log
+from . import log, streams
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import compile_plan
@@ -82,7 +82,7 @@ class Flow:
         self.agree(descriptor)
         pending = DONE if start is None else self.start(start, *args)
         if self.transport.device_memory:
-            arrays.record_stream(stream, keep)
+            streams.record_stream(stream, keep)
         if self.orphans:
             self.poll_orphans()
         if async_op:

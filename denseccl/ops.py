@@ -1,8 +1,5 @@
-"""Reduction ops and the dtype tables of the transports.
-
-Dtypes are named by strings (``"float32"``, ``"bfloat16"`` …) so that NumPy, CuPy and torch
-arrays meet on common ground and layout keys compare equal across libraries.
-"""
+"""Reduction ops: the user's forms (strings, :class:`ReduceOp`, :class:`PreMulSum`, torch's and
+mpi4py's ops) normalised, and which ops each kind of dtype (dtypes.py) supports."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ import numbers
 import sys
 from typing import Any, Dict, NamedTuple, Optional, Union
 
+from .dtypes import DType
 from .errors import LayoutError, OpError
 
 
@@ -124,37 +122,6 @@ def op_kind(op: Op) -> ReduceOp:
     return op.kind if isinstance(op, PreMulSum) else op
 
 
-class DType(NamedTuple):
-    """What the transports need to know of an element type."""
-
-    name: str
-    itemsize: int
-    kind: str  # "f" float, "i" signed int, "u" unsigned int, "b" bool, "c" complex
-
-
-DTYPES: Dict[str, DType] = {
-    d.name: d
-    for d in (
-        DType("bool", 1, "b"),
-        DType("int8", 1, "i"),
-        DType("uint8", 1, "u"),
-        DType("int16", 2, "i"),
-        DType("uint16", 2, "u"),
-        DType("int32", 4, "i"),
-        DType("uint32", 4, "u"),
-        DType("int64", 8, "i"),
-        DType("uint64", 8, "u"),
-        DType("float16", 2, "f"),
-        DType("bfloat16", 2, "f"),
-        DType("float32", 4, "f"),
-        DType("float64", 8, "f"),
-        DType("complex64", 8, "c"),
-        DType("complex128", 16, "c"),
-        DType("float8_e4m3fn", 1, "f"),
-        DType("float8_e5m2", 1, "f"),
-    )
-}
-
 #: Ops each dtype kind supports, before any transport restriction. Bool follows torch: sum is a
 #: logical or, prod a logical and. Complex follows torch's ``supports_complex``: no min/max.
 KIND_OPS: Dict[str, frozenset] = {
@@ -197,10 +164,3 @@ def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Dict[str, object]
                 f"PreMulSum factor {op.factor!r} does not fit {dtype.name} ({low} to {high}); "
                 "use a factor in that range or a float dtype"
             )
-
-
-def dtype_named(name: str) -> DType:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise LayoutError(f"dtype {name} is not supported (supported: {', '.join(DTYPES)})") from None

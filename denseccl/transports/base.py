@@ -14,8 +14,9 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
 
 from .. import config
+from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from ..ops import DType, Op
+from ..ops import Op
 
 
 class Pending(ABC):

@@ -27,8 +27,9 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
+from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
-from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
+from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from .base import ControlChannel, Pending, Transport
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes

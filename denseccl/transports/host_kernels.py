@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, Iterator, Tuple
 import numpy as np
 
 from .. import config
-from ..ops import DType, ReduceOp
+from ..dtypes import DType
+from ..ops import ReduceOp
 
 #: Elements per chunk: large enough to amortise NumPy's per-call cost, small enough for L2.
 CHUNK = 1 << 15

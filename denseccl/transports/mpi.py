@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from mpi4py import MPI
 
-from ..ops import BOOL_OPS, DType, Op, PreMulSum, ReduceOp, op_kind
+from ..dtypes import DType
+from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
 from .base import Pending, Transport, wait_until
 from .mpi_control import MPIControl, free_comm, open_control, split_comm

@@ -33,9 +33,10 @@ import threading
 from typing import Any, Callable, Optional, Set, Tuple
 
 from .. import log
-from ..arrays import StreamRef, stream_pointer
+from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from ..ops import DType, Op, PreMulSum, ReduceOp, op_kind
+from ..ops import Op, PreMulSum, ReduceOp, op_kind
+from ..streams import StreamRef, stream_pointer
 from .base import Pending, Transport
 from .nccl_events import CudaStreams, NCCLPending, Watchdog
 from .nccl_library import NCCLLibrary
@@ -45,8 +46,8 @@ from .nccl_tables import (
     FP8_SINCE,
     INT32,
     NCCL_OPS,
-    UINT8,
     SPLIT_SINCE,
+    UINT8,
     builtin_op,
     check_op,
     elements,

@@ -27,8 +27,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..arrays import StreamRef, current_stream_pointer
 from ..errors import CollectiveTimeoutError
+from ..streams import StreamRef, current_stream_pointer
 from .base import Pending, wait_until
 
 if TYPE_CHECKING:

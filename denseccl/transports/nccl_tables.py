@@ -16,8 +16,9 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from ..dtypes import DTYPES, DType
 from ..errors import LayoutError
-from ..ops import BOOL_OPS, DTYPES, DType, Op, PreMulSum, ReduceOp, op_kind
+from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 
 # -- versions ------------------------------------------------------------------------------------
 

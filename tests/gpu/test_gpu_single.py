@@ -160,7 +160,8 @@ def test_one_rank_fp8_avg_and_premul(comm):
 def test_invalid_argument_leaves_the_communicator_usable(comm):
     """A root NCCL refuses (ncclInvalidArgument, before anything is enqueued), given to the
     transport directly past the Communicator's own check."""
-    from denseccl.ops import DTYPES, ReduceOp
+    from denseccl.dtypes import DTYPES
+    from denseccl.ops import ReduceOp
 
     x = cupy_from_host(np.ones(4, np.float32))
     with pytest.raises(LayoutError, match="NCCL refused the arguments of reduce"):

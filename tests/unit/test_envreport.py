@@ -102,7 +102,8 @@ def test_half_fallback_warns_once_and_the_report_says_so() -> None:
     hide = "import sys; sys.modules['denseccl._half_kernels'] = None; "
     probe = hide + (
         "import warnings, numpy as np\n"
-        "from denseccl.ops import DType, ReduceOp\n"
+        "from denseccl.dtypes import DType\n"
+        "from denseccl.ops import ReduceOp\n"
         "from denseccl.transports import host_kernels as hk\n"
         "assert not hk.native_available()\n"
         "with warnings.catch_warnings(record=True) as caught:\n"

@@ -10,7 +10,8 @@ import warnings
 import numpy as np
 import pytest
 
-from denseccl.ops import DTYPES, ReduceOp
+from denseccl.dtypes import DTYPES
+from denseccl.ops import ReduceOp
 from denseccl.transports import host_kernels as hk
 
 ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)

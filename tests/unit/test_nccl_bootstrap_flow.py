@@ -17,8 +17,8 @@ from denseccl.bootstrap import nccl as nccl_bootstrap
 from denseccl.bootstrap import rendezvous
 from denseccl.errors import MismatchError
 from denseccl.transports import nccl as nccl_transport
-from denseccl.transports.nccl_tables import version_code
 from denseccl.transports.mpi import MPIControl
+from denseccl.transports.nccl_tables import version_code
 from denseccl.transports.store import SoloControl, StoreControl
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI
@@ -74,7 +74,7 @@ def fakes(monkeypatch):
     monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy, nccl))
     monkeypatch.setattr(nccl_transport, "CudaStreams", lambda device: FakeCuda().streams(device))
     monkeypatch.setattr(denseccl.arrays, "_cuda_device_of_pointer", lambda pointer: 0)
-    monkeypatch.setattr(denseccl.arrays, "current_stream_pointer", lambda library, device: 0)
+    monkeypatch.setattr(denseccl.streams, "current_stream_pointer", lambda library, device: 0)
     return nccl
 
 

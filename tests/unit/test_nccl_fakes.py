@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 
 import pytest
 
-from denseccl.arrays import StreamRef
+from denseccl.streams import StreamRef
 from denseccl.transports import nccl
 from denseccl.transports.nccl_events import CudaStreams
 from denseccl.transports.nccl_tables import version_code

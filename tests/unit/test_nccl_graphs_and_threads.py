@@ -14,13 +14,14 @@ import time
 import numpy as np
 import pytest
 
-from denseccl import arrays
-from denseccl.arrays import StreamRef
+from denseccl import arrays, streams
 from denseccl.communicator import Communicator
+from denseccl.dtypes import DTYPES
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from denseccl.ops import DTYPES, PreMulSum, ReduceOp
+from denseccl.ops import PreMulSum, ReduceOp
+from denseccl.streams import StreamRef
 from denseccl.transports.store import SoloControl
-from tests.unit.test_nccl_fakes import S, NcclError, make
+from tests.unit.test_nccl_fakes import NcclError, S, make
 from tests.unit.test_nccl_transport import HostCAI, wait_for
 
 F32, E4M3, E5M2 = DTYPES["float32"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]
@@ -31,7 +32,7 @@ FP8_VERSION = 23203  # NCCL 2.32.3
 def solo(monkeypatch):
     """A one-rank Communicator on the fake transport (current stream 55)."""
     monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
-    monkeypatch.setattr(arrays, "current_stream_pointer", lambda library, device: 55)
+    monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
     transport, fake, cuda, library = make(size=1, current=55, version=FP8_VERSION)
     communicator = Communicator(transport, SoloControl(), timeout=5.0)
     communicator.fake, communicator.cuda = fake, cuda
@@ -280,7 +281,7 @@ def torch_like(solo, monkeypatch):
 
     cuda = SimpleNamespace(ExternalStream=lambda pointer, device: SimpleNamespace(pointer=pointer, device=device))
     monkeypatch.setattr(communicator_module, "as_buffer", as_buffer)
-    monkeypatch.setattr(arrays, "_TORCH_STREAMS", {})
+    monkeypatch.setattr(streams, "_TORCH_STREAMS", {})
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, Tensor=type(None)))
     return solo
 
@@ -303,8 +304,8 @@ def test_torch_tensors_on_another_stream_are_recorded_there(torch_like):
 def test_other_arrays_are_not_recorded(solo):
     x = HostCAI(np.ones(6, np.float32))
     solo.allreduce(x, stream=SimpleStream(66))  # no record_stream for a non-torch array: nothing to call
-    arrays.record_stream(None, ())
-    arrays.record_stream(StreamRef(66, "cupy", 0), arrays.as_buffer(x))
+    streams.record_stream(None, ())
+    streams.record_stream(StreamRef(66, "cupy", 0), arrays.as_buffer(x))
     assert solo.fake.calls[-1][-1] == 66
 
 

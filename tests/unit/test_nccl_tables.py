@@ -10,8 +10,9 @@ import warnings
 import numpy as np
 import pytest
 
+from denseccl.dtypes import DTYPES
 from denseccl.errors import LayoutError
-from denseccl.ops import DTYPES, PreMulSum, ReduceOp
+from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.transports import nccl_library, nccl_tables
 
 NEW = nccl_tables.version_code(2, 32, 3)

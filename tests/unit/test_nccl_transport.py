@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 import denseccl
-from denseccl import arrays
-from denseccl.arrays import StreamRef
+from denseccl import arrays, streams
 from denseccl.communicator import Communicator
+from denseccl.dtypes import DTYPES
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from denseccl.ops import DTYPES, PreMulSum, ReduceOp
+from denseccl.ops import PreMulSum, ReduceOp
+from denseccl.streams import StreamRef
 from denseccl.transports import nccl_events, nccl_tables
 from denseccl.transports.store import SoloControl
 from tests.unit.test_nccl_fakes import VERSION, S, make
@@ -297,7 +298,7 @@ class HostCAI:
 @pytest.fixture()
 def device_comm(monkeypatch):
     monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
-    monkeypatch.setattr(arrays, "current_stream_pointer", lambda library, device: 55)
+    monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
     transport, fake, events, library = make(size=1, current=55)
     communicator = Communicator(transport, SoloControl(), timeout=5.0)
     communicator.fake = fake
@@ -331,17 +332,17 @@ def test_interface_legacy_stream_is_handle_zero(device_comm):
     x = HostCAI(np.zeros(5, np.float64), stream=1)  # cudaStreamLegacy
     device_comm.broadcast(x, 0)
     assert device_comm.fake.calls[-1][-1] == 0
-    assert arrays.current_stream(arrays.as_buffer(HostCAI(np.zeros(2), stream=None))).pointer == 55
+    assert streams.current_stream(arrays.as_buffer(HostCAI(np.zeros(2), stream=None))).pointer == 55
 
 
 def test_torch_tensors_resolve_torchs_current_stream(monkeypatch):
     seen = []
-    monkeypatch.setattr(arrays, "current_stream_pointer", lambda library, device: seen.append((library, device)) or 7)
+    monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: seen.append((library, device)) or 7)
     buffer = arrays.Buffer(1, None, 0, "torch", False, None)
-    assert arrays.current_stream(buffer) == StreamRef(7, "torch", 0) and seen == [("torch", 0)]
-    assert arrays.current_stream(buffer, SimpleNamespace(cuda_stream=9)) == StreamRef(9, "torch", 0)
+    assert streams.current_stream(buffer) == StreamRef(7, "torch", 0) and seen == [("torch", 0)]
+    assert streams.current_stream(buffer, SimpleNamespace(cuda_stream=9)) == StreamRef(9, "torch", 0)
     with pytest.raises(LayoutError):
-        arrays.stream_pointer(True)
+        streams.stream_pointer(True)
 
 
 def test_communicator_allgather_and_reduce_scatter_with_out(device_comm):

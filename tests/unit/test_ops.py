@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import denseccl
-from denseccl.ops import BOOL_OPS, DTYPES, KIND_OPS, PreMulSum, ReduceOp, as_op, check_op_for_dtype, dtype_named
+from denseccl.dtypes import DTYPES
+from denseccl.ops import BOOL_OPS, KIND_OPS, PreMulSum, ReduceOp, as_op, check_op_for_dtype
 from denseccl.transports import host_kernels as hk
 from denseccl.transports.mpi import MPITransport
 
@@ -93,12 +94,6 @@ def test_dtype_table_matches_torch(name):
 
 def test_mpi_moves_every_dtype_but_float8():
     assert set(MPI_DTYPES) == set(DTYPES) - {"float8_e4m3fn", "float8_e5m2"}
-
-
-def test_dtype_named():
-    assert dtype_named("float32").itemsize == 4
-    with pytest.raises(denseccl.LayoutError, match="float128 is not supported"):
-        dtype_named("float128")
 
 
 @pytest.mark.parametrize("name", sorted(MPI_DTYPES))
