@@ -9,13 +9,15 @@ byte strides that are not a multiple of the itemsize are refused.
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
+from math import prod
 from typing import Any, Dict, NamedTuple, Tuple
 
 import numpy as np
 
 from .dtypes import DTYPES
 from .errors import LayoutError
-from .layout import Layout
+from .layout import Layout, contiguous_strides
 
 #: Device of a buffer: -1 for host memory, else the CUDA device index.
 HOST = -1
@@ -42,13 +44,8 @@ class Buffer(NamedTuple):
         return f"{self.library} array on {where}, {self.layout.describe()}"
 
 
-_NUMPY_NAMES: Dict[Any, str] = {}
-
-
+@lru_cache(maxsize=None)  # a handful of dtypes; refusals raise and are not cached
 def _numpy_dtype_name(dtype: np.dtype) -> str:
-    name = _NUMPY_NAMES.get(dtype)
-    if name is not None:
-        return name
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise LayoutError(f"dtype {dtype} is not a numeric element type; only plain numeric dtypes can be reduced")
     if not dtype.isnative:
@@ -58,28 +55,18 @@ def _numpy_dtype_name(dtype: np.dtype) -> str:
         )
     if dtype.name not in DTYPES:
         raise LayoutError(f"dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
-    _NUMPY_NAMES[dtype] = dtype.name
     return dtype.name
 
 
-_LAYOUTS: Dict[Tuple[Any, ...], Layout] = {}
-
-
+@lru_cache(maxsize=8192)
 def _layout_from_bytes(shape: Tuple[int, ...], byte_strides: Tuple[int, ...], itemsize: int, dtype: str) -> Layout:
     """Layout with element strides, cached: arrays of the same geometry share one Layout."""
-    cache_key = (shape, byte_strides, itemsize, dtype)
-    layout = _LAYOUTS.get(cache_key)
-    if layout is None:
-        if any(stride % itemsize for stride in byte_strides):
-            raise LayoutError(
-                f"{dtype} array of shape {shape} has byte strides {byte_strides} that are not multiples of "
-                f"its itemsize {itemsize}; copy it into an aligned array first (e.g. np.ascontiguousarray(x))"
-            )
-        layout = Layout(shape, tuple(stride // itemsize for stride in byte_strides), itemsize, dtype)
-        if len(_LAYOUTS) > 8192:
-            _LAYOUTS.clear()
-        _LAYOUTS[cache_key] = layout
-    return layout
+    if any(stride % itemsize for stride in byte_strides):
+        raise LayoutError(
+            f"{dtype} array of shape {shape} has byte strides {byte_strides} that are not multiples of "
+            f"its itemsize {itemsize}; copy it into an aligned array first (e.g. np.ascontiguousarray(x))"
+        )
+    return Layout(shape, tuple(stride // itemsize for stride in byte_strides), itemsize, dtype)
 
 
 def _numpy_pointer_reader() -> Any:
@@ -120,16 +107,11 @@ def _numpy_buffer(x: np.ndarray) -> Buffer:
     return Buffer(data_pointer(x), layout, HOST, "numpy", not x.flags.writeable, x)
 
 
-_TORCH_NAMES: Dict[Any, str] = {}
-
-
+@lru_cache(maxsize=None)
 def _torch_dtype_name(dtype: Any) -> str:
-    name = _TORCH_NAMES.get(dtype)
-    if name is None:
-        name = str(dtype).rpartition(".")[2]
-        if name not in DTYPES:
-            raise LayoutError(f"torch dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
-        _TORCH_NAMES[dtype] = name
+    name = str(dtype).rpartition(".")[2]
+    if name not in DTYPES:
+        raise LayoutError(f"torch dtype {dtype} is not supported (supported: {', '.join(DTYPES)})")
     return name
 
 
@@ -184,9 +166,7 @@ def _interface_fields(x: Any, interface: Any, name: str) -> Tuple[Tuple[int, ...
         pointer = int(pointer or 0)
     except Exception as error:
         raise _protocol_error(x, name, f"is malformed ({type(error).__name__}: {error})") from error
-    count = 1
-    for size in shape:
-        count *= size
+    count = prod(shape)
     if count and not pointer:
         raise _protocol_error(x, name, f"gives a NULL data pointer for {count} elements")
     return shape, typestr, strides, pointer, bool(readonly)
@@ -204,7 +184,7 @@ def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer
         raise _protocol_error(x, name, f"names no NumPy dtype ({error})") from error
     dtype_name = _numpy_dtype_name(dtype)
     if strides is None:
-        layout = _layout_from_bytes(shape, tuple(s * dtype.itemsize for s in _row_major(shape)), dtype.itemsize, dtype_name)
+        layout = _layout_from_bytes(shape, tuple(s * dtype.itemsize for s in contiguous_strides(shape)), dtype.itemsize, dtype_name)
     else:
         layout = _layout_from_bytes(shape, strides, dtype.itemsize, dtype_name)
     try:
@@ -242,14 +222,6 @@ def _dlpack_buffer(x: Any) -> Buffer:
     if view.size and view.flags.owndata:  # NumPy allocated new memory: the tensor's data pointer was NULL
         raise _protocol_error(x, "__dlpack__", f"gives a NULL data pointer for {view.size} elements")
     return _numpy_buffer(view)._replace(owner=x)
-
-
-def _row_major(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _cupy_buffer(x: Any) -> Buffer:

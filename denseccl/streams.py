@@ -8,7 +8,8 @@ that produced its data with no host synchronisation.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, NamedTuple, Tuple
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 from .arrays import HOST, Buffer
 from .errors import LayoutError
@@ -77,7 +78,10 @@ def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
     return StreamRef(current_stream_pointer(library, buffer.device), library, buffer.device)
 
 
-_TORCH_STREAMS: Dict[Tuple[int, int], Any] = {}
+@lru_cache(maxsize=256)  # streams come and go: keep the cache bounded
+def _torch_stream(pointer: int, device: int) -> Any:
+    """torch's view of the stream ``pointer`` on ``device`` (which it does not own)."""
+    return sys.modules["torch"].cuda.ExternalStream(pointer, device=device)
 
 
 def record_stream(ref: Any, keep: Any) -> None:
@@ -88,12 +92,7 @@ def record_stream(ref: Any, keep: Any) -> None:
     done. torch ignores it where ``ref`` is the allocation stream. Other libraries: nothing."""
     if not isinstance(ref, StreamRef) or ref.library != "torch":
         return
-    stream = _TORCH_STREAMS.get((ref.pointer, ref.device))
-    if stream is None:
-        if len(_TORCH_STREAMS) >= 256:  # streams come and go: keep the cache bounded
-            _TORCH_STREAMS.clear()
-        stream = sys.modules["torch"].cuda.ExternalStream(ref.pointer, device=ref.device)
-        _TORCH_STREAMS[(ref.pointer, ref.device)] = stream
+    stream = _torch_stream(ref.pointer, ref.device)
     seen = None
     for buffer in (keep,) if isinstance(keep, Buffer) else keep:
         if not isinstance(buffer, Buffer) or buffer.library != "torch" or buffer.device == HOST:

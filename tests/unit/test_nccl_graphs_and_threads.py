@@ -281,9 +281,10 @@ def torch_like(solo, monkeypatch):
 
     cuda = SimpleNamespace(ExternalStream=lambda pointer, device: SimpleNamespace(pointer=pointer, device=device))
     monkeypatch.setattr(communicator_module, "as_buffer", as_buffer)
-    monkeypatch.setattr(streams, "_TORCH_STREAMS", {})
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, Tensor=type(None)))
-    return solo
+    streams._torch_stream.cache_clear()  # the fake streams made here must not outlive the test
+    yield solo
+    streams._torch_stream.cache_clear()
 
 
 def test_torch_tensors_on_another_stream_are_recorded_there(torch_like):
