@@ -355,13 +355,12 @@ class Communicator:
     def _check_dtype(self, buffer: Buffer) -> None:
         """For collectives without an op: the transport must be able to move the dtype (SUM is
         defined for every dtype kind, so only the transport's table can refuse it)."""
-        dtypes = self.transport.dtypes
-        check_op_for_dtype(ReduceOp.SUM, DTYPES[buffer.layout.dtype], dtypes, self.backend)  # type: ignore[arg-type]
+        check_op_for_dtype(ReduceOp.SUM, DTYPES[buffer.layout.dtype], self.transport.dtypes, self.backend)
 
     def _check_op(self, op: Op, buffer: Buffer) -> None:
-        dtypes = self.transport.dtypes
-        check_op_for_dtype(op, DTYPES[buffer.layout.dtype], dtypes, self.backend)  # type: ignore[arg-type]
-        self.transport.check_op(op, DTYPES[buffer.layout.dtype])
+        dtype = DTYPES[buffer.layout.dtype]
+        check_op_for_dtype(op, dtype, self.transport.dtypes, self.backend)
+        self.transport.check_op(op, dtype)
 
     def _root(self, root: Any) -> int:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:

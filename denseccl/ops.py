@@ -7,7 +7,7 @@ import enum
 import math
 import numbers
 import sys
-from typing import Any, Dict, NamedTuple, Optional, Union
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Union
 
 from .dtypes import DType
 from .errors import LayoutError, OpError
@@ -141,7 +141,7 @@ BOOL_OPS: Dict[ReduceOp, ReduceOp] = {
 }
 
 
-def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Dict[str, object], transport: str) -> None:
+def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Mapping[str, object], transport: str) -> None:
     """Raise :class:`LayoutError` if ``op`` on ``dtype`` is unsupported (by denseccl or the
     transport)."""
     if dtype.name not in transport_dtypes:
