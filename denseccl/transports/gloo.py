@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import time
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import torch
 import torch._C._distributed_c10d as c10d
@@ -151,12 +151,20 @@ def make_group(
     return group
 
 
-class GlooTransport(Transport):
-    """Collectives on host spans over a torch gloo group (which this transport owns)."""
+_Group = TypeVar("_Group", bound="_GlooGroup")
 
-    name = "gloo"
-    device_memory = False
-    dtypes = _TORCH
+
+class _GlooGroup:
+    """What the transport and the control channel have alike: a gloo group of their own, made on
+    ``store`` under ``prefix`` with ``timeout``, and how it splits."""
+
+    group: Any
+    rank: int
+    size: int
+    _store: Any
+    _prefix: str
+    _timeout: Optional[float]
+    _splits: int  # how many splits this rank has made of the group (they name the sub-groups)
 
     def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
         self.group = group
@@ -164,6 +172,29 @@ class GlooTransport(Transport):
         self.size = group.size()
         self._store, self._prefix, self._timeout = store, prefix, timeout
         self._splits = 0
+
+    def _split(self: _Group, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[_Group]:
+        """One of the same class over the ranks passing ``color`` (None for a rank that passes
+        None); the n-th split gets the same store prefix on every rank."""
+        index = self._splits
+        self._splits += 1
+        members = _split_members(self.group, color, key, self.rank, deadline)
+        if members is None:
+            return None
+        prefix = f"{self._prefix}split{index}/color{color}/"
+        group = make_group(self._store, prefix, members.index(self.rank), len(members), self._timeout, "the gloo split")
+        return type(self)(group, self._store, prefix, self._timeout)
+
+    def close(self) -> None:
+        self.group = None
+
+
+class GlooTransport(_GlooGroup, Transport):
+    """Collectives on host spans over a torch gloo group (which this transport owns)."""
+
+    name = "gloo"
+    device_memory = False
+    dtypes = _TORCH
 
     def _op(self, op: Op, dtype: DType) -> Any:
         kind = op_kind(op)
@@ -250,24 +281,7 @@ class GlooTransport(Transport):
         return None  # a replay would save little next to gloo's own per-call cost
 
     def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
-        made = _split(self, color, key, None)
-        return None if made is None else GlooTransport(made[0], self._store, made[1], self._timeout)
-
-    def close(self) -> None:
-        self.group = None
-
-
-def _split(owner: Any, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[Tuple[Any, str]]:
-    """The gloo group of ``owner``'s ranks passing ``color`` and its store prefix, or None for a
-    rank that passes None; ``owner``'s n-th split gets the same prefix on every rank."""
-    index = owner._splits
-    owner._splits += 1
-    members = _split_members(owner.group, color, key, owner.rank, deadline)
-    if members is None:
-        return None
-    prefix = f"{owner._prefix}split{index}/color{color}/"
-    group = make_group(owner._store, prefix, members.index(owner.rank), len(members), owner._timeout, "the gloo split")
-    return group, prefix
+        return self._split(color, key, None)
 
 
 def _split_members(
@@ -283,15 +297,11 @@ def _split_members(
     return [r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)]
 
 
-class GlooControl(ControlChannel):
+class GlooControl(_GlooGroup, ControlChannel):
     """The agreement step over a gloo group of its own."""
 
     def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
-        self.group = group
-        self.rank = group.rank()
-        self.size = group.size()
-        self._store, self._prefix, self._timeout = store, prefix, timeout
-        self._splits = 0
+        super().__init__(group, store, prefix, timeout)
         self._max = c10d.AllreduceOptions()
         self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
 
@@ -313,11 +323,7 @@ class GlooControl(ControlChannel):
         return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["GlooControl"]:
-        made = _split(self, color, key, deadline)
-        return None if made is None else GlooControl(made[0], self._store, made[1], self._timeout)
-
-    def close(self) -> None:
-        self.group = None
+        return self._split(color, key, deadline)
 
 
 def open_gloo(
