@@ -121,12 +121,18 @@ def _finish_avg(array: np.ndarray, nranks: int) -> None:
 
 
 class RawMPI(Contender):
-    """mpi4py on contiguous NumPy arrays (MPICH reduces float16 natively; no bfloat16)."""
+    """mpi4py on contiguous NumPy arrays (MPICH reduces float16 natively; no bfloat16). With
+    ``naive``: copy to contiguous, mpi4py, copy back, the path denseccl replaces."""
 
-    name = "mpi4py"
+    def __init__(self, job: Job, naive: bool = False) -> None:
+        super().__init__(job)
+        self.naive = naive
+        self.name = "naive" if naive else "mpi4py"
 
     def skip(self, case: Case) -> Optional[str]:
-        if case.layout != "contiguous":
+        if self.naive and case.layout == "contiguous":
+            return "the naive copy path equals raw mpi4py on contiguous arrays"
+        if not self.naive and case.layout != "contiguous":
             return "raw mpi4py runs on contiguous arrays only (see the contiguous rows)"
         if case.dtype == "bfloat16":
             return "MPI has no bfloat16"
@@ -134,24 +140,7 @@ class RawMPI(Contender):
 
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         lib = NumpyLib()
-        return Run(lib, *_mpi_steps(self.job, case, lib, naive=False, arena=arena))
-
-
-class Naive(Contender):
-    """Copy to contiguous, mpi4py, copy back: the path denseccl replaces."""
-
-    name = "naive"
-
-    def skip(self, case: Case) -> Optional[str]:
-        if case.layout == "contiguous":
-            return "the naive copy path equals raw mpi4py on contiguous arrays"
-        if case.dtype == "bfloat16":
-            return "MPI has no bfloat16"
-        return None
-
-    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
-        lib = NumpyLib()
-        return Run(lib, *_mpi_steps(self.job, case, lib, naive=True, arena=arena))
+        return Run(lib, *_mpi_steps(self.job, case, lib, naive=self.naive, arena=arena))
 
 
 def _mpi_steps(
@@ -326,10 +315,8 @@ def host_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], note
     for name in names:
         if name == "denseccl":
             found.extend(Denseccl(job, check) for check in checks)
-        elif name == "mpi4py":
-            found.append(RawMPI(job))
-        elif name == "naive":
-            found.append(Naive(job))
+        elif name in ("mpi4py", "naive"):
+            found.append(RawMPI(job, naive=name == "naive"))
         elif name == "gloo":
             if torch_available():
                 found.append(TorchDistributed(job, "gloo"))

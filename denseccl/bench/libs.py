@@ -37,8 +37,9 @@ class NumpyLib:
     def empty(self, shape: Sequence[int], dtype: str, *, arena: Any = None, role: str = "input") -> Any:
         dt = self.dtype(dtype)
         if arena is None:
-            return np.empty(tuple(shape), dt)
-        return arena.host(prod(shape) * dt.itemsize, role).view(dt).reshape(tuple(shape))
+            return self.xp.empty(tuple(shape), dt)
+        memory = arena.device if self.device else arena.host
+        return memory(prod(shape) * dt.itemsize, role).view(dt).reshape(tuple(shape))
 
     def permute(self, array: Any, axes: Sequence[int]) -> Any:
         return array.transpose(tuple(axes))
@@ -138,12 +139,6 @@ class CupyLib(NumpyLib):
         if name == "bfloat16":
             raise Unsupported("CuPy has no bfloat16")
         return np.dtype(name)
-
-    def empty(self, shape: Sequence[int], dtype: str, *, arena: Any = None, role: str = "input") -> Any:
-        dt = self.dtype(dtype)
-        if arena is None:
-            return self.xp.empty(tuple(shape), dt)
-        return arena.device(prod(shape) * dt.itemsize, role).view(dt).reshape(tuple(shape))
 
     def assign(self, target: Any, values: np.ndarray) -> None:
         target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
