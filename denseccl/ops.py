@@ -141,6 +141,13 @@ BOOL_OPS: Dict[ReduceOp, ReduceOp] = {
 }
 
 
+def reduction_kind(op: Op, dtype: DType) -> ReduceOp:
+    """The reduction a library runs for ``op`` on ``dtype``: the op's kind, with bool's sum and
+    prod as the logical or and and they are (:data:`BOOL_OPS`)."""
+    kind = op_kind(op)
+    return BOOL_OPS[kind] if dtype.kind == "b" else kind
+
+
 def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Mapping[str, object], transport: str) -> None:
     """Raise :class:`LayoutError` if ``op`` on ``dtype`` is unsupported (by denseccl or the
     transport)."""

@@ -29,7 +29,7 @@ from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
-from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
+from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from .base import ControlChannel, Pending, Transport
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
@@ -197,10 +197,7 @@ class GlooTransport(_GlooGroup, Transport):
     dtypes = _TORCH
 
     def _op(self, op: Op, dtype: DType) -> Any:
-        kind = op_kind(op)
-        if dtype.kind == "b":
-            kind = BOOL_OPS[kind]
-        return _GLOO_OPS[kind]
+        return _GLOO_OPS[reduction_kind(op, dtype)]
 
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name not in _GLOO_TYPES:

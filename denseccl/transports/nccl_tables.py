@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, DType
 from ..errors import LayoutError
-from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
+from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 
 # -- versions ------------------------------------------------------------------------------------
 
@@ -110,10 +110,7 @@ def elements(dtype: DType, count: int, reducible: Dict[str, int]) -> Tuple[int, 
 
 def builtin_op(op: Op, dtype: DType) -> int:
     """ncclRedOp_t of a built-in op (bool: sum/prod as max/min)."""
-    kind = op_kind(op)
-    if dtype.kind == "b":
-        kind = BOOL_OPS[kind]
-    return NCCL_OPS[kind]
+    return NCCL_OPS[reduction_kind(op, dtype)]
 
 
 #: largest finite value of each float dtype NCCL reduces (bfloat16 and fp8 have no NumPy type)
