@@ -31,10 +31,10 @@ class Pending(ABC):
     def test(self) -> bool:
         """True once the operation has completed (never blocks)."""
 
-    @abstractmethod
     def wait(self, deadline: Optional[float]) -> None:
         """Block until completion; :class:`CollectiveTimeoutError` past ``deadline``
-        (a ``time.monotonic()`` value; ``None`` waits forever)."""
+        (a ``time.monotonic()`` value; ``None`` waits forever). By default: poll :meth:`test`."""
+        wait_until(self.test, deadline, "the collective")
 
     def synchronize(self, deadline: Optional[float]) -> None:
         """Block the host until the operation has completed. For host transports this is

@@ -25,7 +25,7 @@ from mpi4py import MPI
 from ..dtypes import DType
 from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
-from .base import Pending, Transport, wait_until
+from .base import Pending, Transport
 from .mpi_control import MPIControl, free_comm, open_control, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
@@ -92,9 +92,6 @@ class MPIPending(Pending):
             finish()
         return True
 
-    def wait(self, deadline: Optional[float]) -> None:
-        wait_until(self.test, deadline, "the collective")
-
 
 class StepsPending(Pending):
     """Several MPI requests issued one after the other: ``steps`` yields each request with the
@@ -113,9 +110,6 @@ class StepsPending(Pending):
                 return False
             self.request, self.keep = next(self.steps, (None, None))
         return True
-
-    def wait(self, deadline: Optional[float]) -> None:
-        wait_until(self.test, deadline, "the collective")
 
 
 class MPITransport(Transport):
