@@ -26,6 +26,9 @@ from ..communicator import Communicator
 from ..errors import DenseCCLError
 from . import gloo, mpi, nccl, rendezvous
 
+#: the options of ``init(**options)`` that each backend takes
+OPTIONS = {"mpi": (), "gloo": ("store", "rank", "size", "prefix"), "nccl": ("store", "rank", "size", "device", "prefix")}
+
 
 def _check_policy(check: Union[None, bool, str]) -> bool:
     return config.settings().check if check is None else config.flag(check, "check")
@@ -64,18 +67,22 @@ def init(
     backend = (backend or config.settings().backend or _default_backend(options)).lower()
     checking = _check_policy(check)
     _log_decisions(given, backend, check, checking, seconds)
-    if backend == "mpi":
-        if options:
-            raise DenseCCLError(f"unexpected options for the mpi backend: {', '.join(options)}")
-        return mpi.init_mpi(comm, checking, seconds, deadline, policy)
-    if backend == "gloo":
-        communicator = gloo.init_gloo(checking, seconds, deadline, **options)
-    elif backend == "nccl":
-        communicator = nccl.init_nccl(comm=comm, check=checking, timeout=seconds, **options)
-    else:
+    if backend not in OPTIONS:
         raise DenseCCLError(
             f"unknown backend {backend!r}: use 'mpi' or 'gloo' (host arrays) or 'nccl' (device arrays)"
         )
+    unexpected = sorted(set(options) - set(OPTIONS[backend]))
+    if unexpected:
+        raise DenseCCLError(
+            f"unexpected options for the {backend} backend: {', '.join(unexpected)} "
+            f"(known: {', '.join(OPTIONS[backend]) or 'none'})"
+        )
+    if backend == "mpi":
+        return mpi.init_mpi(comm, checking, seconds, deadline, policy)
+    if backend == "gloo":
+        communicator = gloo.init_gloo(checking, seconds, deadline, **options)
+    else:
+        communicator = nccl.init_nccl(comm=comm, check=checking, timeout=seconds, **options)
     communicator.flow.on_timeout = policy
     return communicator
 

@@ -20,14 +20,8 @@ def init_gloo(
     rank: Optional[int] = None,
     size: Optional[int] = None,
     prefix: str = "denseccl",
-    **unexpected: Any,
 ) -> Communicator:
     """The gloo engine on ``store`` (default: the env:// store of a torchrun-style launch)."""
-    if unexpected:
-        raise DenseCCLError(
-            f"unexpected options for the gloo backend: {', '.join(sorted(unexpected))} "
-            "(known: store, rank, size, prefix)"
-        )
     try:
         from ..transports.gloo import open_gloo  # noqa: PLC0415 - needs torch
     except ImportError as error:

@@ -200,14 +200,8 @@ def init_nccl(
     size: Optional[int] = None,
     device: Optional[int] = None,
     prefix: str = "denseccl",
-    **unexpected: Any,
 ) -> Communicator:
     """A Communicator over NCCL (see the module docstring for launches and devices)."""
-    if unexpected:
-        raise DenseCCLError(
-            f"unexpected options for the nccl backend: {', '.join(sorted(unexpected))} "
-            "(known: comm, store, rank, size, device, prefix)"
-        )
     cupy, nccl = _require_nccl()
     from ..transports.nccl import NCCLTransport  # noqa: PLC0415
     from ..transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415

@@ -186,5 +186,7 @@ def test_env_backend(monkeypatch):
 
 def test_unknown_options(monkeypatch):
     monkeypatch.setattr(nccl_bootstrap, "nccl_missing", lambda: None)
-    with pytest.raises(DenseCCLError, match="unexpected options.*bogus"):
-        nccl_bootstrap.init_nccl(bogus=1)
+    with pytest.raises(DenseCCLError, match=r"unexpected options for the nccl backend: bogus \(known: store, rank"):
+        denseccl.init(backend="nccl", bogus=1)
+    with pytest.raises(DenseCCLError, match=r"unexpected options for the gloo backend: bogus, device \(known: store"):
+        denseccl.init(backend="gloo", bogus=1, device=0)
