@@ -33,7 +33,7 @@ from . import log, streams
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import compile_plan
-from .transports.base import DONE, WAITING, ControlChannel, Pending, Transport, abandon, wait_until
+from .transports.base import DONE, WAITING, ControlChannel, Pending, Transport, abandon, deadline_after, wait_until
 from .work import Work
 
 T = TypeVar("T")
@@ -123,8 +123,7 @@ class Flow:
         return self.broken
 
     def deadline(self, timeout: Optional[float] = None) -> Optional[float]:
-        timeout = self.timeout if timeout is None else timeout
-        return None if timeout is None else time.monotonic() + timeout
+        return deadline_after(self.timeout if timeout is None else timeout)
 
     def agree(self, descriptor: Descriptor, value: Optional[int] = None) -> None:
         """The agreement step (when checking and there are peers); ``value``: the descriptor's

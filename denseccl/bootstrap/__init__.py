@@ -24,6 +24,7 @@ from typing import Any, Optional, Union
 from .. import config, log
 from ..communicator import Communicator
 from ..errors import DenseCCLError
+from ..transports.base import deadline_after
 from . import gloo, mpi, nccl, rendezvous
 
 #: the options of ``init(**options)`` that each backend takes
@@ -62,7 +63,7 @@ def init(
     """
     seconds = config.timeout(timeout)
     policy = config.on_timeout(on_timeout)
-    deadline = rendezvous.deadline(seconds)  # one deadline for every bootstrap step, choosing the backend included
+    deadline = deadline_after(seconds)  # one deadline for every bootstrap step, choosing the backend included
     given = backend
     backend = (backend or config.settings().backend or _default_backend(options)).lower()
     checking = _check_policy(check)

@@ -26,7 +26,7 @@ from typing import Any, Optional, Tuple
 from .. import config
 from ..communicator import Communicator
 from ..errors import DenseCCLError
-from . import rendezvous
+from ..transports.base import deadline_after
 from .rendezvous import env_int, env_launch, env_store, store_namespace
 
 INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
@@ -206,7 +206,7 @@ def init_nccl(
     from ..transports.nccl import NCCLTransport  # noqa: PLC0415
     from ..transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
 
-    deadline = rendezvous.deadline(timeout)
+    deadline = deadline_after(timeout)
     kind = launch_kind(comm=comm, store=store, size=size)
     if kind == "mpi":
         comm = comm if comm is not None else _mpi_world()

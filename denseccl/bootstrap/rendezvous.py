@@ -1,11 +1,9 @@
 """How the ranks of a launch meet without MPI: the torchrun-style variables, the env:// store
-(one per process, shared by every backend), the namespace of each communicator on a store, and
-the one deadline that every step of a bootstrap honours."""
+(one per process, shared by every backend), and the namespace of each communicator on a store."""
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import config
@@ -13,11 +11,6 @@ from ..errors import CollectiveTimeoutError, DenseCCLError
 
 #: the variables of a torchrun-style launch (env://)
 ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def deadline(timeout: Optional[float]) -> Optional[float]:
-    """The ``time.monotonic()`` value ``timeout`` seconds from now (None: never)."""
-    return None if timeout is None else time.monotonic() + timeout
 
 
 def env_launch(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -76,4 +69,4 @@ def store_namespace(store: Any, prefix: str, backend: str, rank: int) -> str:
     return f"{prefix}/{backend}/{number}"
 
 
-__all__ = ["ENV_VARIABLES", "deadline", "env_int", "env_launch", "env_store", "store_namespace"]
+__all__ = ["ENV_VARIABLES", "env_int", "env_launch", "env_store", "store_namespace"]

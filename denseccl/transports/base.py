@@ -117,6 +117,17 @@ CROWDED_BURST = 4
 WAITING = Waiting()
 
 
+def split_members(entries: Sequence[Sequence[int]], color: int) -> List[int]:
+    """The ranks whose entry ``(color, key)`` (indexed by rank) has ``color``, ordered by
+    ``(key, rank)``: the ranks of a split's new group, in the order MPI and NCCL give them."""
+    return [r for _, r in sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)]
+
+
+def deadline_after(seconds: Optional[float]) -> Optional[float]:
+    """The ``time.monotonic()`` value ``seconds`` from now (None: no deadline)."""
+    return None if seconds is None else time.monotonic() + seconds
+
+
 def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64, burst: int = CROWDED_BURST) -> None:
     """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
     after every poll, then sleep briefly (a long wait for a slow peer should not burn a core).

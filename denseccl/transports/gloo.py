@@ -30,7 +30,7 @@ from torch.distributed import PrefixStore, ProcessGroupGloo
 from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from .base import ControlChannel, Pending, Transport
+from .base import ControlChannel, Pending, Transport, deadline_after, split_members
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -290,8 +290,7 @@ def _split_members(
     wait_work(group._allgather_base(every, mine, c10d.AllgatherOptions()), deadline, "the gloo split")
     if color is None:
         return None
-    pairs = every.view(-1, 2).tolist()
-    return [r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)]
+    return split_members(every.view(-1, 2).tolist(), color)
 
 
 class GlooControl(_GlooGroup, ControlChannel):
@@ -336,8 +335,8 @@ def open_gloo(
     ``deadline`` (default: ``timeout`` seconds from now)."""
     if not 0 <= rank < size:
         raise DenseCCLError(f"rank {rank} is not in 0..{size - 1}")
-    if deadline is None and timeout is not None:
-        deadline = time.monotonic() + timeout
+    if deadline is None:
+        deadline = deadline_after(timeout)
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     transport = GlooTransport(data, store, f"{prefix}data/", timeout)

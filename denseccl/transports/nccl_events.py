@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
 
 from ..errors import CollectiveTimeoutError
 from ..streams import StreamRef, current_stream_pointer
-from .base import Pending, wait_until
+from .base import Pending, deadline_after, wait_until
 
 if TYPE_CHECKING:
     from .nccl import NCCLTransport
@@ -159,7 +159,7 @@ class Watchdog:
     def begin(self, what: str) -> _Entry:
         """Track a collective about to be enqueued (its enqueue may block, e.g. while NCCL
         connects to a peer that never comes: that counts against the deadline too)."""
-        entry = _Entry(what, None if self.timeout is None else time.monotonic() + self.timeout)
+        entry = _Entry(what, deadline_after(self.timeout))
         with self._condition:
             if self._stopped:
                 return entry

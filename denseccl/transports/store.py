@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, List, Optional, Sequence
 
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from .base import ControlChannel
+from .base import ControlChannel, split_members
 
 #: Longest single blocking wait on the store; the deadline is checked between waits.
 _WAIT_SLICE = 30.0
@@ -104,9 +104,9 @@ class StoreControl(ControlChannel):
         entries = [struct.unpack("<qq", raw) for raw in self._exchange(mine, deadline)]
         if color is None:
             return None
-        members = sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)
-        new_rank = members.index((key, self.rank))
-        return StoreControl(self.store, new_rank, len(members), f"{self.prefix}/split{index}/color{color}")
+        members = split_members(entries, color)
+        prefix = f"{self.prefix}/split{index}/color{color}"
+        return StoreControl(self.store, members.index(self.rank), len(members), prefix)
 
     def close(self) -> None:
         """Forget the store. It is never shut down here: torch's process group may share it,
