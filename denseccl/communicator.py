@@ -144,7 +144,7 @@ class Communicator:
             root = self._root(root)
             buffer = self._input(x, writable=self.rank != root)
             stream = self._stream(buffer, stream)
-            self._check_dtype(buffer)
+            self._check_op(None, buffer)
             descriptor = Descriptor("broadcast", root, None, buffer.layout.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("broadcast", error)
@@ -164,7 +164,7 @@ class Communicator:
         try:
             source = self._input(x, writable=False)
             stream = self._stream(source, stream)
-            self._check_dtype(source)
+            self._check_op(None, source)
             block = source.layout
             if out is not None:
                 target = self._stacked_buffer(out, block, "out")
@@ -352,15 +352,14 @@ class Communicator:
         """The stream a device collective runs on (see :func:`streams.current_stream`)."""
         return streams.current_stream(buffer, stream) if self.transport.device_memory else stream
 
-    def _check_dtype(self, buffer: Buffer) -> None:
-        """For collectives without an op: the transport must be able to move the dtype (SUM is
-        defined for every dtype kind, so only the transport's table can refuse it)."""
-        check_op_for_dtype(ReduceOp.SUM, DTYPES[buffer.layout.dtype], self.transport.dtypes, self.backend)
-
-    def _check_op(self, op: Op, buffer: Buffer) -> None:
+    def _check_op(self, op: Optional[Op], buffer: Buffer) -> None:
+        """``op`` on the buffer's dtype, by denseccl's tables and the transport's. For collectives
+        without an op (None) only whether the transport moves the dtype: SUM is defined for every
+        dtype kind, so only the transport's table can refuse it."""
         dtype = DTYPES[buffer.layout.dtype]
-        check_op_for_dtype(op, dtype, self.transport.dtypes, self.backend)
-        self.transport.check_op(op, dtype)
+        check_op_for_dtype(ReduceOp.SUM if op is None else op, dtype, self.transport.dtypes, self.backend)
+        if op is not None:
+            self.transport.check_op(op, dtype)
 
     def _root(self, root: Any) -> int:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
