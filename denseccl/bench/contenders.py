@@ -120,23 +120,37 @@ def _finish_avg(array: np.ndarray, nranks: int) -> None:
         array[...] = np.trunc(array / nranks)
 
 
-class RawMPI(Contender):
-    """mpi4py on contiguous NumPy arrays (MPICH reduces float16 natively; no bfloat16). With
-    ``naive``: copy to contiguous, mpi4py, copy back, the path denseccl replaces."""
+class RawContender(Contender):
+    """A library called directly on contiguous arrays; with ``naive`` (the row "naive") the arrays
+    have the case's layout and each call copies to contiguous and back: the path denseccl
+    replaces."""
+
+    #: the library as the skip reasons name it, and why it has no bfloat16 rows
+    library = "?"
+    no_bfloat16 = "?"
 
     def __init__(self, job: Job, naive: bool = False) -> None:
         super().__init__(job)
         self.naive = naive
-        self.name = "naive" if naive else "mpi4py"
+        if naive:
+            self.name = "naive"
 
     def skip(self, case: Case) -> Optional[str]:
         if self.naive and case.layout == "contiguous":
-            return "the naive copy path equals raw mpi4py on contiguous arrays"
+            return f"the naive copy path equals raw {self.library} on contiguous arrays"
         if not self.naive and case.layout != "contiguous":
-            return "raw mpi4py runs on contiguous arrays only (see the contiguous rows)"
+            return f"raw {self.library} runs on contiguous arrays only (see the contiguous rows)"
         if case.dtype == "bfloat16":
-            return "MPI has no bfloat16"
+            return self.no_bfloat16
         return None
+
+
+class RawMPI(RawContender):
+    """mpi4py on NumPy arrays (MPICH reduces float16 natively; no bfloat16)."""
+
+    name = "mpi4py"
+    library = "mpi4py"
+    no_bfloat16 = "MPI has no bfloat16"
 
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         lib = NumpyLib()

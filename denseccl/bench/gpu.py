@@ -16,7 +16,15 @@ from typing import Any, List, Optional, Sequence
 
 from . import cases
 from .cases import Case
-from .contenders import Contender, Denseccl, Run, TorchDistributed, denseccl_torch_available, torch_available
+from .contenders import (
+    Contender,
+    Denseccl,
+    RawContender,
+    Run,
+    TorchDistributed,
+    denseccl_torch_available,
+    torch_available,
+)
 from .job import Job
 from .libs import CupyLib, TorchLib, Unsupported
 
@@ -66,23 +74,12 @@ def _constant(module: Any, table: dict, key: Optional[str], what: str) -> Any:
     return value
 
 
-class RawNccl(Contender):
-    """cupy.cuda.nccl on contiguous CuPy arrays; with ``naive`` the arrays have the case's layout
-    and each call copies to contiguous and back."""
+class RawNccl(RawContender):
+    """cupy.cuda.nccl on CuPy arrays."""
 
-    def __init__(self, job: Job, naive: bool) -> None:
-        super().__init__(job)
-        self.naive = naive
-        self.name = "naive" if naive else "nccl"
-
-    def skip(self, case: Case) -> Optional[str]:
-        if self.naive and case.layout == "contiguous":
-            return "the naive copy path equals raw NCCL on contiguous arrays"
-        if not self.naive and case.layout != "contiguous":
-            return "raw NCCL runs on contiguous arrays only (see the contiguous rows)"
-        if case.dtype == "bfloat16":
-            return "CuPy has no bfloat16"
-        return None
+    name = "nccl"
+    library = "NCCL"
+    no_bfloat16 = "CuPy has no bfloat16"
 
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         import cupy  # noqa: PLC0415
