@@ -35,7 +35,12 @@ class Communicator:
     """
 
     def __init__(
-        self, transport: Transport, control: ControlChannel, *, check: bool = True, timeout: Optional[float] = 300.0,
+        self,
+        transport: Transport,
+        control: ControlChannel,
+        *,
+        check: bool = True,
+        timeout: Optional[float] = config.DEFAULT_TIMEOUT,
         on_timeout: Optional[str] = None,
     ) -> None:
         self.flow = Flow(transport, control, check=check, timeout=timeout, on_timeout=config.on_timeout(on_timeout))

@@ -8,6 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
+from ..transports.base import is_timeout
 
 #: the variables of a torchrun-style launch (env://)
 ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -51,7 +52,7 @@ def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:  # timeout
                 *address, rank, size, is_master=rank == 0 and not agent, timeout=timeout or config.DEFAULT_TIMEOUT
             )
         except RuntimeError as error:  # DistStoreError, DistNetworkError: the server is not there
-            if "timeout" in str(error).lower() or "timed out" in str(error).lower():
+            if is_timeout(error):
                 raise CollectiveTimeoutError(
                     f"denseccl.init could not reach the store at {address[0]}:{address[1]} within the timeout "
                     f"({error}); is rank 0 running, and are MASTER_ADDR and MASTER_PORT the same on every rank?"

@@ -123,6 +123,12 @@ def split_members(entries: Sequence[Sequence[int]], color: int) -> List[int]:
     return [r for _, r in sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)]
 
 
+def is_timeout(error: BaseException) -> bool:
+    """Whether a library's error (gloo's, a store's) says that it timed out."""
+    text = str(error).lower()
+    return isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text
+
+
 def deadline_after(seconds: Optional[float]) -> Optional[float]:
     """The ``time.monotonic()`` value ``seconds`` from now (None: no deadline)."""
     return None if seconds is None else time.monotonic() + seconds

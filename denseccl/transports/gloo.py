@@ -30,7 +30,7 @@ from torch.distributed import PrefixStore, ProcessGroupGloo
 from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from .base import ControlChannel, Pending, Transport, deadline_after, split_members
+from .base import ControlChannel, Pending, Transport, deadline_after, is_timeout, split_members
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -73,11 +73,6 @@ def _factor(op: PreMulSum, dtype: DType) -> Any:
     return int(op.factor) if dtype.kind in "iu" else op.factor
 
 
-def _is_timeout(error: BaseException) -> bool:
-    text = str(error).lower()
-    return isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text
-
-
 def _timeout_error(what: str, error: BaseException) -> CollectiveTimeoutError:
     return CollectiveTimeoutError(
         f"{what} did not complete within the timeout: a peer never joined (it may have crashed, be stuck, or have "
@@ -95,7 +90,7 @@ def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
         else:
             work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
     except RuntimeError as error:
-        if _is_timeout(error):
+        if is_timeout(error):
             raise _timeout_error(what, error) from None
         raise
 
@@ -143,7 +138,7 @@ def make_group(
     try:
         group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, connect)
     except RuntimeError as error:  # DistStoreError and gloo's connect errors are RuntimeErrors
-        if _is_timeout(error):
+        if is_timeout(error):
             raise _timeout_error(what, error) from None
         raise DenseCCLError(f"{what} failed: {type(error).__name__}: {error}") from error
     if connect != limit:

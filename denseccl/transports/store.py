@@ -18,6 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any, List, Optional, Sequence
 
+from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from .base import ControlChannel, split_members
 
@@ -131,7 +132,7 @@ class SoloControl(ControlChannel):
 
 
 def tcp_store(
-    host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = 300.0
+    host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = config.DEFAULT_TIMEOUT
 ) -> Any:
     """A torch ``TCPStore`` client (and, on rank 0 unless ``is_master`` says otherwise, the
     server) at ``host:port``. torch is imported only here."""
