@@ -1,12 +1,11 @@
 """Doorbells: how ranks that share cores wait for each other without polling.
 
 When a host's ranks cannot each have a core of their own (cores.py), a rank that polls while
-it waits burns the time its peer needs; yielding does not help much either: the scheduler
-(CFS, EEVDF) runs a yielding task again as long as it has used less than its fair share,
-so a waiter keeps polling for about as long as its peer worked. A waiter that sleeps hands
-the core over at once. So a crowded wait, once a short burst of polls has failed, raises its
-``asleep`` flag, tests once more, and sleeps on its doorbell (a futex in an MPI shared
-window, with a short timeout); a rank rings the doorbells of sleeping peers before it sleeps
+it waits burns the time its peer needs. A crowded wait first yields the core after each short
+burst of polls (base.wait_until): the peer that shares the core runs at once, and a small
+call completes within a few turns. A wait that lasts longer (a slow or stalled peer) must not
+keep the core busy with yields, so it raises its ``asleep`` flag, tests once more, and sleeps
+on its doorbell (a futex in an MPI shared window, with a short timeout); a rank rings the doorbells of sleeping peers before it sleeps
 itself, after it posts an agreement and when one of its waits ends: whatever a peer waits
 for was made by one of those steps. A wake-up that is missed costs at most the nap
 (:data:`NAP_SECONDS`), never a hang: every sleep times out and tests again.
