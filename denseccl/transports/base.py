@@ -95,7 +95,11 @@ class Waiting:
         rank of the host. ``doorbells``: the host's (the largest set wins)."""
         policy = config.settings().wait
         self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        if policy == "auto" and doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size):
+        if (
+            policy == "auto"
+            and doorbells is not None
+            and (self.doorbells is None or doorbells.size >= self.doorbells.size)
+        ):
             if self.doorbells is not None:
                 self.doorbells.retire()
             self.doorbells = doorbells
@@ -125,7 +129,11 @@ WAITING = Waiting()
 
 
 def wait_until(
-    test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64, burst: int = CROWDED_BURST,
+    test: Callable[[], bool],
+    deadline: Optional[float],
+    what: str,
+    spins: int = 64,
+    burst: int = CROWDED_BURST,
     watch: Optional[Callable[[], None]] = None,
 ) -> None:
     """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core

@@ -39,10 +39,22 @@ comm = denseccl.init("mpi")
 rank, size = comm.rank, comm.size
 checker = Checker("pinning", rank, size)
 control = comm.control
-checker.check(control.crowded is expect_crowded, f"control.crowded is {control.crowded}, expected {expect_crowded} (affinity {sorted(os.sched_getaffinity(0))})")
-checker.check(WAITING.crowded is expect_yielding, f"the wait policy says crowded={WAITING.crowded}, expected {expect_yielding}")
-if expect_crowded and expect_yielding and futex_call() is not None and os.environ.get("DENSECCL_WAIT", "auto") == "auto":
-    checker.check(WAITING.doorbells is not None and WAITING.doorbells.size == size, "crowded ranks have no doorbells to sleep on")
+checker.check(
+    control.crowded is expect_crowded,
+    f"control.crowded is {control.crowded}, expected {expect_crowded} (affinity {sorted(os.sched_getaffinity(0))})",
+)
+checker.check(
+    WAITING.crowded is expect_yielding, f"the wait policy says crowded={WAITING.crowded}, expected {expect_yielding}"
+)
+if (
+    expect_crowded
+    and expect_yielding
+    and futex_call() is not None
+    and os.environ.get("DENSECCL_WAIT", "auto") == "auto"
+):
+    checker.check(
+        WAITING.doorbells is not None and WAITING.doorbells.size == size, "crowded ranks have no doorbells to sleep on"
+    )
 if not expect_crowded or os.environ.get("DENSECCL_WAIT", "auto") != "auto":
     checker.check(WAITING.doorbells is None, "doorbells on a host whose ranks have a core each")
 if control.board is not None:
