@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence
 
 from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from .base import ControlChannel, split_members
+from .base import ControlChannel, is_timeout, split_members
 
 #: Longest single blocking wait on the store; the deadline is checked between waits.
 _WAIT_SLICE = 30.0
@@ -47,14 +47,9 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
             store.wait(keys, timedelta(seconds=max(span, 0.001)))
             return
         except Exception as error:
-            if not _is_timeout(error):
+            # torch's stores report a wait that ran out as a DistStoreError, whatever its message
+            if type(error).__name__ != "DistStoreError" and not is_timeout(error):
                 raise
-
-
-def _is_timeout(error: BaseException) -> bool:
-    if isinstance(error, TimeoutError):
-        return True
-    return type(error).__name__ == "DistStoreError" or "timeout" in str(error).lower()
 
 
 class StoreControl(ControlChannel):
