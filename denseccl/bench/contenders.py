@@ -237,6 +237,10 @@ def _mpi_steps(
     return broadcast, [x], x
 
 
+#: the rows of torch.distributed, and the backend each runs on
+TORCH_ROWS = {"gloo": "gloo", "torch-nccl": "nccl", "denseccl-torch": "denseccl"}
+
+
 class TorchDistributed(Contender):
     """torch.distributed collectives on torch tensors of the case's layout."""
 
@@ -244,7 +248,7 @@ class TorchDistributed(Contender):
         super().__init__(job)
         self.backend = backend
         self.device = device
-        self.name = {"gloo": "gloo", "nccl": "torch-nccl", "denseccl": "denseccl-torch"}[backend]
+        self.name = next(row for row, known in TORCH_ROWS.items() if known == backend)
         self.denseccl = backend == "denseccl"
 
     def skip(self, case: Case) -> Optional[str]:
@@ -320,6 +324,18 @@ def denseccl_torch_available() -> Optional[str]:
     return None
 
 
+def torch_contender(job: Job, row: str, notes: List[str], device: str = "cpu") -> List[Contender]:
+    """The torch.distributed contender of ``row`` (:data:`TORCH_ROWS`) where it can run here;
+    else none, and a note saying why."""
+    reason = None if torch_available() else "torch is not installed"
+    if reason is None and row == "denseccl-torch":
+        reason = denseccl_torch_available()
+    if reason is None:
+        return [TorchDistributed(job, TORCH_ROWS[row], device=device)]
+    notes.append(f"{row}: not available ({reason})")
+    return []
+
+
 HOST_CONTENDERS = ("denseccl", "mpi4py", "naive", "gloo", "denseccl-torch")
 
 
@@ -331,17 +347,8 @@ def host_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], note
             found.extend(Denseccl(job, check) for check in checks)
         elif name in ("mpi4py", "naive"):
             found.append(RawMPI(job, naive=name == "naive"))
-        elif name == "gloo":
-            if torch_available():
-                found.append(TorchDistributed(job, "gloo"))
-            else:
-                notes.append("gloo: torch is not installed")
-        elif name == "denseccl-torch":
-            reason = denseccl_torch_available() if torch_available() else "torch is not installed"
-            if reason is None:
-                found.append(TorchDistributed(job, "denseccl"))
-            else:
-                notes.append(f"denseccl-torch: not available ({reason})")
+        elif name in ("gloo", "denseccl-torch"):
+            found.extend(torch_contender(job, name, notes))
         else:
             raise ValueError(f"unknown host contender {name!r}; use {', '.join(HOST_CONTENDERS)}")
     return found

@@ -16,15 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import cases
 from .cases import Case
-from .contenders import (
-    Contender,
-    Denseccl,
-    RawContender,
-    Run,
-    TorchDistributed,
-    denseccl_torch_available,
-    torch_available,
-)
+from .contenders import Contender, Denseccl, RawContender, Run, torch_contender
 from .job import Job
 from .libs import CupyLib, TorchLib, Unsupported
 
@@ -193,17 +185,8 @@ def device_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], no
             found.extend(DensecclDevice(job, check) for check in checks)
         elif name in ("nccl", "naive"):
             found.append(RawNccl(job, naive=name == "naive"))
-        elif name == "torch-nccl":
-            if torch_available():
-                found.append(TorchDistributed(job, "nccl", device="cuda"))
-            else:
-                notes.append("torch-nccl: torch is not installed")
-        elif name == "denseccl-torch":
-            reason = denseccl_torch_available() if torch_available() else "torch is not installed"
-            if reason is None:
-                found.append(TorchDistributed(job, "denseccl", device="cuda"))
-            else:
-                notes.append(f"denseccl-torch: not available ({reason})")
+        elif name in ("torch-nccl", "denseccl-torch"):
+            found.extend(torch_contender(job, name, notes, device="cuda"))
         elif name == "cupyx":
             try:
                 import cupyx.distributed  # noqa: F401, PLC0415
