@@ -119,8 +119,16 @@ def test_dense_and_keys():
         assert _tensors.is_dense(t), name
     assert not _tensors.is_dense(torch.arange(10.0)[::2])
     assert not _tensors.is_dense(torch.ones(3, 1).expand(3, 4))
-    assert _tensors.same_layout(torch.empty(4, 3, 1, 1), torch.empty(4, 3, 1, 1).to(memory_format=CL))
-    assert not _tensors.same_layout(torch.empty(3, 4), torch.empty(4, 3).t())
+    assert denseccl.same_layout(torch.empty(4, 3, 1, 1), torch.empty(4, 3, 1, 1).to(memory_format=CL))
+    assert not denseccl.same_layout(torch.empty(3, 4), torch.empty(4, 3).t())
+
+
+def test_overlap_of_spans():
+    base = torch.empty(10)
+    assert _tensors.overlap(base[2:5], base[4:8]) and _tensors.overlap(base, base[9:])
+    assert not _tensors.overlap(base[:5], base[5:])  # adjacent spans share no byte
+    assert not _tensors.overlap(base[3:3], base) and not _tensors.overlap(base, torch.empty(10))
+    assert _tensors.overlap(base.view(2, 5).t(), base[4:5])  # spans, not logical order
 
 
 def test_dense_strides_like_keeps_the_dim_order_of_gapped_tensors():
@@ -167,7 +175,9 @@ def test_pack_keeps_spans_and_strides_and_unpacks():
         for slot in bucket.slots:
             t = tensors[slot.index]
             run = bucket.flat[slot.offset : slot.offset + slot.numel]
-            assert torch.equal(run, _tensors.span_view(t)), "a slot holds the span as it lies in memory"
+            start, numel = denseccl.layout_of(t).span
+            span = t.as_strided((numel,), (1,), t.storage_offset() + start)
+            assert torch.equal(run, span), "a slot holds the span as it lies in memory"
     targets = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).zero_() for t in tensors]
     buckets.unpack(packed, targets)
     for t, target in zip(tensors, targets):
