@@ -54,26 +54,12 @@ class FakeNccl(types.SimpleNamespace):
         return FakeComm(rank, size)
 
 
-class _Device:
-    def __init__(self, index):
-        self.index = index
-
-    def use(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 @pytest.fixture()
 def fakes(monkeypatch):
     nccl = FakeNccl()
     cupy = types.SimpleNamespace(
         __version__="14.2.0",
-        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=_Device),
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=FakeCuda().module.cuda.Device),
     )
     monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy, nccl))
     monkeypatch.setattr(nccl_transport, "CudaStreams", lambda device: FakeCuda().streams(device))
