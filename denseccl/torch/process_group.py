@@ -29,8 +29,9 @@ from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
+from ..ops import as_op
 from . import all_to_all_p2p, buckets
-from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
+from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
 from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
@@ -205,7 +206,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
         def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
             return lambda t, async_op: comm.allreduce(t, op, async_op=async_op)
 
         return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, bind)
@@ -217,7 +218,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             opts = options(opts, _c10d.AllreduceCoalescedOptions)
             tensors = as_list(tensors)
             comm = self._communicator(tensors, "allreduce_coalesced")
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allreduce_coalesced"):
@@ -239,7 +240,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
         def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op, root = reduce_op(opts.reduceOp), opts.rootRank
+            op, root = as_op(opts.reduceOp), opts.rootRank
             return lambda t, async_op: comm.reduce(t, root, op, async_op=async_op)
 
         return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, bind)

@@ -16,7 +16,6 @@ from torch import nn  # noqa: E402
 import denseccl  # noqa: E402
 import denseccl.torch as dt  # noqa: E402
 from denseccl.torch import _tensors, buckets  # noqa: E402
-from denseccl.torch._arguments import reduce_op  # noqa: E402
 from denseccl.torch.process_group import ProcessGroupDenseCCL  # noqa: E402
 from denseccl.torch.progress import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
 
@@ -56,18 +55,9 @@ def test_import_registers_backend_for_cpu_and_cuda():
     assert dist.Backend._plugins["DENSECCL"].extended_api
 
 
-def test_reduce_ops_map_to_denseccl_ops():
-    R = dist.ReduceOp
-    assert [reduce_op(op) for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)] == ["sum", "prod", "min", "max", "avg"]
-    assert reduce_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
-    assert reduce_op(dist._make_nccl_premul_sum(torch.tensor([0.25]))) == denseccl.PreMulSum(0.25)
-    with pytest.raises(denseccl.OpError, match="not supported"):
-        reduce_op(R.BXOR)
-
-
 def test_core_api_takes_torch_and_mpi4py_ops():
-    """denseccl's own calls accept torch's ReduceOp members and mpi4py's ops that name a
-    supported reduction; the others raise OpError (a ValueError, not a LayoutError) listing
+    """denseccl's own calls (and the process group, which passes torch's op on) accept torch's
+    ReduceOp members and mpi4py's ops that name a supported reduction; the others raise OpError (a ValueError, not a LayoutError) listing
     what is supported."""
     from denseccl.ops import ReduceOp, as_op
 
@@ -75,6 +65,7 @@ def test_core_api_takes_torch_and_mpi4py_ops():
     for given, want in ((R.SUM, ReduceOp.SUM), (R.PRODUCT, ReduceOp.PRODUCT), (R.MIN, ReduceOp.MIN), (R.MAX, ReduceOp.MAX), (R.AVG, ReduceOp.AVG)):
         assert as_op(given) == want
     assert as_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
+    assert as_op(dist._make_nccl_premul_sum(torch.tensor([0.25]))) == denseccl.PreMulSum(0.25)
     for bad in (R.BAND, R.BOR, R.BXOR):
         with pytest.raises(denseccl.OpError, match="SUM, PRODUCT, MIN, MAX, AVG") as info:
             as_op(bad)
