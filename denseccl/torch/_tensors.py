@@ -112,7 +112,8 @@ def staging_stack(view: torch.Tensor, size: int) -> torch.Tensor:
     so ranks with equal layouts stage equally)."""
     block_shape = tuple(view.shape[1:])
     block_strides = contiguous_strides(block_shape, physical_order(block_shape, view.stride()[1:]))
-    return torch.empty_strided((size, *block_shape), (prod(block_shape), *block_strides), dtype=view.dtype, device=view.device)
+    strides = (prod(block_shape), *block_strides)
+    return torch.empty_strided((size, *block_shape), strides, dtype=view.dtype, device=view.device)
 
 
 def not_dense_message(name: str, t: torch.Tensor) -> str:

@@ -60,7 +60,9 @@ class Checker:
         self.failures.append(f"{what}: did not raise")
         return None
 
-    def equal(self, what: str, got: Any, want: Any, *, strides: Optional[Sequence[int]] = None, tol: float = 1e-6) -> None:
+    def equal(
+        self, what: str, got: Any, want: Any, *, strides: Optional[Sequence[int]] = None, tol: float = 1e-6
+    ) -> None:
         """Two torch tensors hold the same values within ``tol``; with ``strides``, ``got``
         also has those strides (size-1 dims excepted; an empty tensor has any)."""
         import torch  # only torch rank programs compare tensors
@@ -71,7 +73,8 @@ class Checker:
             return
         if not torch.allclose(got.double(), want.double(), rtol=tol, atol=tol):
             self.failures.append(f"{what}: values differ\n got {got}\n want {want}")
-        if strides is not None and got.numel() > 0 and _wildcarded(got.shape, got.stride()) != _wildcarded(got.shape, strides):
+        wrong_strides = strides is not None and _wildcarded(got.shape, got.stride()) != _wildcarded(got.shape, strides)
+        if wrong_strides and got.numel() > 0:
             self.failures.append(f"{what}: strides {got.stride()} != {tuple(strides)}")
 
     def report(self) -> int:

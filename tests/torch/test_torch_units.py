@@ -57,8 +57,8 @@ def test_import_registers_backend_for_cpu_and_cuda():
 
 def test_core_api_takes_torch_and_mpi4py_ops():
     """denseccl's own calls (and the process group, which passes torch's op on) accept torch's
-    ReduceOp members and mpi4py's ops that name a supported reduction; the others raise OpError (a ValueError, not a LayoutError) listing
-    what is supported."""
+    ReduceOp members and mpi4py's ops that name a supported reduction; the others raise OpError
+    (a ValueError, not a LayoutError) listing what is supported."""
     from denseccl.ops import ReduceOp, as_op
 
     R = dist.ReduceOp

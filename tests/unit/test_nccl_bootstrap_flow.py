@@ -59,7 +59,9 @@ def fakes(monkeypatch):
     nccl = FakeNccl()
     cupy = types.SimpleNamespace(
         __version__="14.2.0",
-        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=FakeCuda().module.cuda.Device),
+        cuda=types.SimpleNamespace(
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=FakeCuda().module.cuda.Device
+        ),
     )
     monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy, nccl))
     monkeypatch.setattr(nccl_transport, "CudaStreams", lambda device: FakeCuda().streams(device))
