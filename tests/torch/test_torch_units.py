@@ -15,6 +15,7 @@ from torch import nn  # noqa: E402
 
 import denseccl  # noqa: E402
 import denseccl.torch as dt  # noqa: E402
+from denseccl.config import MPI_LAUNCH_VARIABLES  # noqa: E402
 from denseccl.torch import _tensors, buckets  # noqa: E402
 from denseccl.torch.process_group import ProcessGroupDenseCCL  # noqa: E402
 from denseccl.torch.progress import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
@@ -91,34 +92,23 @@ def test_core_api_takes_torch_and_mpi4py_ops():
         as_op("bogus")
 
 
-def test_group_without_mpi_launch_whose_peer_never_joins_times_out(monkeypatch):
+@pytest.fixture()
+def without_mpi_launch(monkeypatch):
+    """As if no MPI launcher had started this process."""
+    for name in MPI_LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_group_without_mpi_launch_whose_peer_never_joins_times_out(without_mpi_launch):
     """Without an MPI launcher CPU tensors move over the gloo engine, made from the group's
     store; a peer that never joins makes its creation raise within the timeout."""
-    for name in (
-        "PMI_RANK",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "MPI_LOCALNRANKS",
-    ):
-        monkeypatch.delenv(name, raising=False)
     started = time.monotonic()
     with pytest.raises(denseccl.CollectiveTimeoutError, match="never joined"):
         ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=2))
     assert time.monotonic() - started < 10
 
 
-def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(monkeypatch):
-    for name in (
-        "PMI_RANK",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "MPI_LOCALNRANKS",
-    ):
-        monkeypatch.delenv(name, raising=False)
+def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(without_mpi_launch):
     pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
     assert pg.getBackendName() == "denseccl" and pg.size() == 1 and pg.host_communicator.backend == "gloo"
     x = torch.arange(6.0).view(2, 3).t()
