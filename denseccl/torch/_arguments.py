@@ -1,9 +1,9 @@
 """torch's call arguments in denseccl's terms, for the process group's methods.
 
-torch hands a backend its reduce op, an options object per collective (direct Python callers
-may pass a ReduceOp or nothing instead), one tensor or a list, and a timeout; CUDA tensors also
-need their device made current. Kept apart from the group so that each method reads as the
-collective it runs.
+torch hands a backend an options object per collective (direct Python callers may pass a
+ReduceOp or nothing instead), one tensor or a list, and a timeout; CUDA tensors also need their
+device made current. Kept apart from the group so that each method reads as the collective it
+runs. torch's reduce ops are read by the core (:func:`denseccl.ops.as_op`).
 """
 
 from __future__ import annotations
@@ -12,31 +12,8 @@ import contextlib
 from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from .. import config
-from ..errors import OpError
-from ..ops import OpLike, PreMulSum
-
-_RED = dist.ReduceOp.RedOpType
-_OPS = {_RED.SUM: "sum", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max", _RED.AVG: "avg"}
-
-
-def reduce_op(op: Any) -> OpLike:
-    """torch's ReduceOp (or RedOpType) as a denseccl op; PREMUL_SUM becomes
-    ``denseccl.PreMulSum(factor)``."""
-    kind = op if isinstance(op, _RED) else op.op
-    if kind == _RED.PREMUL_SUM:
-        factor = op.factor
-        if isinstance(factor, torch.Tensor):
-            if factor.numel() != 1:
-                raise OpError(f"PREMUL_SUM needs one scale factor, got a tensor of shape {tuple(factor.shape)}")
-            factor = factor.item()
-        return PreMulSum(float(factor))
-    name = _OPS.get(kind)
-    if name is None:
-        raise OpError(f"reduce op {kind} is not supported by the denseccl backend (use SUM, PRODUCT, MIN, MAX, AVG or PREMUL_SUM)")
-    return name
 
 
 def synchronous_on_host(opts: Any, tensors: Sequence[torch.Tensor]) -> bool:

@@ -8,12 +8,14 @@ stacked buffers denseccl moves, and key the layouts of blocks and of tensor list
 
 from __future__ import annotations
 
+from math import prod
 from typing import Optional, Sequence, Tuple
 
 import torch
 
 from ..errors import LayoutError
 from ..layout import Layout, contiguous_strides, is_non_overlapping_and_dense, layout_key, physical_order, stacked_problem
+from ..layout import overlap as ranges_overlap
 
 
 def is_dense(t: torch.Tensor) -> bool:
@@ -35,11 +37,6 @@ def composite_key(tensors: Sequence[torch.Tensor]) -> tuple:
     """One layout key standing for several tensors (dtypes, shapes and strides of each)."""
     keys = [key_of(t) for t in tensors]
     return ("+".join(k[0] for k in keys), tuple(k[1] for k in keys), tuple(k[2] for k in keys))
-
-
-def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and strides, strides of size-1 dims excepted."""
-    return key_of(a) == key_of(b)
 
 
 def dense_strides_like(t: torch.Tensor, shape: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
@@ -70,17 +67,14 @@ def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two dense tensors' spans share memory."""
-    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, b0 = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
-def span_view(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D view of a dense tensor's storage span (torch strides are never negative, so the
+    """Whether two dense tensors' spans share memory (torch strides are never negative, so a
     span starts at the tensor's storage offset)."""
-    return t.as_strided((t.numel(),), (1,), t.storage_offset())
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    return ranges_overlap(
+        a.storage_offset() * a.element_size(), a.numel() * a.element_size(),
+        b.storage_offset() * b.element_size(), b.numel() * b.element_size(),
+    )
 
 
 def stacked_view(buffer: torch.Tensor, block_shape: Sequence[int], size: int, what: str) -> torch.Tensor:
@@ -118,10 +112,8 @@ def staging_stack(view: torch.Tensor, size: int) -> torch.Tensor:
     so ranks with equal layouts stage equally)."""
     block_shape = tuple(view.shape[1:])
     block_strides = contiguous_strides(block_shape, physical_order(block_shape, view.stride()[1:]))
-    numel = 1
-    for s in block_shape:
-        numel *= s
-    return torch.empty_strided((size, *block_shape), (numel, *block_strides), dtype=view.dtype, device=view.device)
+    strides = (prod(block_shape), *block_strides)
+    return torch.empty_strided((size, *block_shape), strides, dtype=view.dtype, device=view.device)
 
 
 def not_dense_message(name: str, t: torch.Tensor) -> str:

@@ -10,6 +10,8 @@ they are inconsistent.
 
 from __future__ import annotations
 
+from itertools import accumulate
+from math import prod
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -94,20 +96,15 @@ class GlooEngine:
         self.group = None
 
 
-def _row_major(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _receive_buffer(t: torch.Tensor) -> torch.Tensor:
+    """Where row-major bytes can land: ``t`` itself when it is row-major, else a row-major
+    tensor of its shape, copied into ``t`` when the transfer completed."""
     return t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _displacements(counts: Sequence[int]) -> List[int]:
-    out, running = [], 0
-    for count in counts:
-        out.append(running)
-        running += count
-    return out
+    """Where each rank's run starts when the runs of ``counts`` follow each other."""
+    return list(accumulate([0, *counts]))[:-1]
 
 
 def _agree_on_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, problem: Optional[BaseException]) -> None:
@@ -161,7 +158,7 @@ def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.
             problem = error
         _agree_on_plans(group, "all_to_all_single", plan, problem)
         row = _row_bytes(inp)
-        source, target = _row_major(inp), _receive_buffer(output)
+        source, target = inp.contiguous(), _receive_buffer(output)
         step = engine.alltoallv(source, target, [n * row for n in plan["send"]], [n * row for n in plan["recv"]], "all_to_all_single")
 
         def finish() -> List[torch.Tensor]:
@@ -175,10 +172,7 @@ def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.
 
 
 def _row_bytes(t: torch.Tensor) -> int:
-    n = 1
-    for s in t.shape[1:]:
-        n *= s
-    return n * t.element_size()
+    return prod(t.shape[1:]) * t.element_size()
 
 
 def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
@@ -229,7 +223,7 @@ def send(engine: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
         if len(tensors) != 1:
             raise LayoutError(f"send takes one tensor, got {len(tensors)}")
-        return [engine.send(_row_major(tensors[0]), dst, tag)], lambda: tensors
+        return [engine.send(tensors[0].contiguous(), dst, tag)], lambda: tensors
 
     return issue
 

@@ -10,6 +10,7 @@ A tensor with gaps is packed in the closest dense layout of its own dim order.
 
 from __future__ import annotations
 
+from math import prod
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -27,10 +28,7 @@ class Slot(NamedTuple):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return prod(self.shape)
 
 
 class Bucket:

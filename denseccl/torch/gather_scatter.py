@@ -19,8 +19,8 @@ import torch._C._distributed_c10d as _c10d
 
 from ..communicator import Communicator
 from ..errors import LayoutError
-from ..ops import OpLike
-from ._arguments import as_list, options, reduce_op
+from ..ops import OpLike, as_op
+from ._arguments import as_list, options
 from ._issue import Issue, chain, one_step, raising_everywhere, start_each
 from ._tensors import block_key, is_dense, is_stacked, key_of, not_dense_message, overlap, stack_like, stacked_view, staging_stack
 
@@ -161,7 +161,7 @@ class GatherScatter:
             outputs = as_list(output_tensors)
             lists = [list(group) for group in input_lists]
             comm = self._communicator(outputs, "reduce_scatter")
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
             size = self._group_size
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
@@ -198,7 +198,7 @@ class GatherScatter:
         with self._arguments("reduce_scatter_single", output, input):
             opts = options(opts, _c10d.ReduceScatterOptions)
             comm = self._communicator([output, input], "reduce_scatter_tensor")
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
         return self._run("reduce_scatter_tensor", opts, input.device, self._scatter_single(comm, output, input, op))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -231,7 +231,7 @@ class GatherScatter:
             opts = options(opts, _c10d.ReduceScatterOptions)
             outputs, inputs = as_list(outputs), as_list(inputs)
             comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
             if len(outputs) != len(inputs):
                 raise LayoutError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
         issues = [self._scatter_single(comm, o, i, op) for o, i in zip(outputs, inputs)]

@@ -29,8 +29,9 @@ from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
+from ..ops import as_op
 from . import all_to_all_p2p, buckets
-from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
+from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
 from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
@@ -179,24 +180,36 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     # -- elementwise collectives -------------------------------------------------------------
 
-    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        with self._arguments("allreduce", tensors):
-            opts = options(opts, _c10d.AllreduceOptions)
+    def _per_tensor(
+        self, what: str, tensors: Any, opts: Any, kind: Any, bind: Callable[[Communicator, Any], Callable[..., Any]]
+    ) -> dist.Work:
+        """One denseccl collective per tensor. ``bind(comm, opts)`` reads what the collective
+        takes from the options (op, root: a bad one fails on every rank, as any argument does)
+        and returns ``run(t, async_op)``."""
+        with self._arguments(what, tensors):
+            opts = options(opts, kind)
             tensors = as_list(tensors)
-            comm = self._communicator(tensors, "allreduce")
-            op = reduce_op(opts.reduceOp)
+            comm = self._communicator(tensors, what)
+            run = bind(comm, opts)
 
         now = synchronous_on_host(opts, tensors)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             if now:
                 for t in tensors:
-                    comm.allreduce(t, op)
+                    run(t, False)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: comm.allreduce(t, op, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
+            works = start_each([lambda t=t: run(t, True) for t in tensors])  # type: ignore[misc]  # t=t binds each tensor
             return works, lambda: tensors
 
-        return self._run("allreduce", opts, tensors[0].device, issue)
+        return self._run(what, opts, tensors[0].device, issue)
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
+            op = as_op(opts.reduceOp)
+            return lambda t, async_op: comm.allreduce(t, op, async_op=async_op)
+
+        return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, bind)
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
@@ -205,7 +218,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             opts = options(opts, _c10d.AllreduceCoalescedOptions)
             tensors = as_list(tensors)
             comm = self._communicator(tensors, "allreduce_coalesced")
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allreduce_coalesced"):
@@ -226,43 +239,18 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         return self._run("allreduce_coalesced", opts, tensors[0].device, issue)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        with self._arguments("reduce", tensors):
-            opts = options(opts, _c10d.ReduceOptions)
-            tensors = as_list(tensors)
-            comm = self._communicator(tensors, "reduce")
-            op = reduce_op(opts.reduceOp)
-            root = opts.rootRank
+        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
+            op, root = as_op(opts.reduceOp), opts.rootRank
+            return lambda t, async_op: comm.reduce(t, root, op, async_op=async_op)
 
-        now = synchronous_on_host(opts, tensors)
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            if now:
-                for t in tensors:
-                    comm.reduce(t, root, op)
-                return [], lambda: tensors
-            works = start_each([lambda t=t: comm.reduce(t, root, op, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
-            return works, lambda: tensors
-
-        return self._run("reduce", opts, tensors[0].device, issue)
+        return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, bind)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
-        with self._arguments("broadcast", tensors):
-            opts = options(opts, _c10d.BroadcastOptions)
-            tensors = as_list(tensors)
-            comm = self._communicator(tensors, "broadcast")
+        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
             root = opts.rootRank
+            return lambda t, async_op: comm.broadcast(t, root, async_op=async_op)
 
-        now = synchronous_on_host(opts, tensors)
-
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            if now:
-                for t in tensors:
-                    comm.broadcast(t, root)
-                return [], lambda: tensors
-            works = start_each([lambda t=t: comm.broadcast(t, root, async_op=True) for t in tensors])  # type: ignore[misc]  # lambda t=t binds each tensor
-            return works, lambda: tensors
-
-        return self._run("broadcast", opts, tensors[0].device, issue)
+        return self._per_tensor("broadcast", tensors, opts, _c10d.BroadcastOptions, bind)
 
     # -- barrier -----------------------------------------------------------------------------
 

@@ -10,10 +10,9 @@ import subprocess
 import sys
 from typing import Dict, Optional, Sequence
 
+from denseccl.config import MPI_LAUNCH_VARIABLES
 from tests.support.ranks import ROOT
 
-#: variables that would make a rank believe an MPI launcher started it
-MPI_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 
 
 def run(
@@ -25,7 +24,8 @@ def run(
 ) -> subprocess.CompletedProcess:
     """Run ``command``; assert it succeeded (or failed, with ``expect_failure``; None asserts
     neither, for programs whose printed verdicts decide)."""
-    environment = {k: v for k, v in os.environ.items() if k not in MPI_VARIABLES}
+    # no rank may believe that an MPI launcher started it
+    environment = {k: v for k, v in os.environ.items() if k not in MPI_LAUNCH_VARIABLES}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
     environment.setdefault("DENSECCL_TIMEOUT", "60")
     environment["PYTHONWARNINGS"] = "ignore"

@@ -10,45 +10,42 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tests.support.checker import expect_passed
 from tests.torch.launchers import python, torchrun
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = pytest.mark.torch
 
 
-def passed(result, n: int) -> None:
-    assert result.stdout.count("checks passed") == n, result.stdout + result.stderr
-
-
 @pytest.mark.parametrize("n", [2, 3])
 def test_torchrun_job(n):
     """Channels-last and transposed collectives, object collectives, barrier, a mismatch that
     raises everywhere, DDP: what issue 11 asks of `torchrun --standalone --nproc-per-node N`."""
-    passed(torchrun(n, RANKS / "torchrun_job.py", timeout=240), n)
+    expect_passed(torchrun(n, RANKS / "torchrun_job.py", timeout=240), n)
 
 
 @pytest.mark.parametrize("init", ["file", "tcp", "env"])
 def test_spawn_job(init):
-    passed(python(RANKS / "spawn_job.py", ["2", init], timeout=240), 2)
+    expect_passed(python(RANKS / "spawn_job.py", ["2", init], timeout=240), 2)
 
 
 def test_every_collective_on_every_layout_under_torchrun():
-    passed(torchrun(2, RANKS / "collectives.py", timeout=300), 2)
+    expect_passed(torchrun(2, RANKS / "collectives.py", timeout=300), 2)
 
 
 def test_subgroups_and_meshes_under_torchrun():
-    passed(torchrun(4, RANKS / "subgroups.py", timeout=300), 4)
+    expect_passed(torchrun(4, RANKS / "subgroups.py", timeout=300), 4)
 
 
 def test_ddp_grad_layout_under_torchrun():
     result = torchrun(2, RANKS / "ddp_grad_layout.py", timeout=400)
-    passed(result, 2)
+    expect_passed(result, 2)
     assert "36 DDP configurations" in result.stdout
 
 
 def test_numpy_init_under_torchrun():
-    passed(torchrun(3, RANKS / "numpy_torchrun.py", timeout=240), 3)
+    expect_passed(torchrun(3, RANKS / "numpy_torchrun.py", timeout=240), 3)
 
 
 def test_adapter_errors_on_one_rank_raise_everywhere_under_torchrun():
-    passed(torchrun(3, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), 3)
+    expect_passed(torchrun(3, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), 3)

@@ -11,49 +11,46 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
+from tests.support.checker import expect_passed
 from tests.support.ranks import ROOT, run_ranks
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = [pytest.mark.torch, pytest.mark.mpi]
 
 
-def passed(result, n: int) -> None:
-    assert result.stdout.count("checks passed") == n, result.stdout + result.stderr
-
-
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_collective_on_every_layout(n):
-    passed(run_ranks(n, RANKS / "collectives.py", timeout=180), n)
+    expect_passed(run_ranks(n, RANKS / "collectives.py", timeout=180), n)
 
 
 @pytest.mark.parametrize("n", [4, 5, 8])
 def test_subgroups_and_meshes_of_every_shape(n):
     """Prefixes [0..k-1] (once mistaken for the world), suffixes, singletons, strided and
     overlapping groups, new_subgroups, 2-D and 3-D meshes, per-host groups."""
-    passed(run_ranks(n, RANKS / "subgroups.py", timeout=300), n)
+    expect_passed(run_ranks(n, RANKS / "subgroups.py", timeout=300), n)
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_adapter_errors_on_one_rank_raise_everywhere(n):
     """Issue 10 item 3: an unsupported op, a meta tensor, mixed devices, bad argument lists or
     splits on one rank only: every rank raises, and the next collective pairs correctly."""
-    passed(run_ranks(n, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), n)
+    expect_passed(run_ranks(n, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), n)
 
 
 def test_init_methods_and_rank_check():
     result = run_ranks(2, RANKS / "init_methods.py", timeout=120, env={"DENSECCL_TIMEOUT": ""})
-    passed(result, 2)
+    expect_passed(result, 2)
     assert result.stdout.count("torch rank") == 2, "each rank explains the rank mismatch"
 
 
 def test_ddp_grad_layout():
     result = run_ranks(2, RANKS / "ddp_grad_layout.py", timeout=240)
-    passed(result, 2)
+    expect_passed(result, 2)
     assert "36 DDP configurations" in result.stdout
 
 
 def test_fsdp2_matches_single_process_training():
-    passed(run_ranks(2, RANKS / "fsdp.py", timeout=180), 2)
+    expect_passed(run_ranks(2, RANKS / "fsdp.py", timeout=180), 2)
 
 
 def test_ddp_example_runs_as_documented():
@@ -65,4 +62,4 @@ def test_ddp_example_runs_as_documented():
 
 
 def test_exit_with_async_work_in_flight():
-    passed(run_ranks(2, RANKS / "exit_in_flight.py", timeout=120), 2)
+    expect_passed(run_ranks(2, RANKS / "exit_in_flight.py", timeout=120), 2)

@@ -15,8 +15,8 @@ from torch import nn  # noqa: E402
 
 import denseccl  # noqa: E402
 import denseccl.torch as dt  # noqa: E402
+from denseccl.config import MPI_LAUNCH_VARIABLES  # noqa: E402
 from denseccl.torch import _tensors, buckets  # noqa: E402
-from denseccl.torch._arguments import reduce_op  # noqa: E402
 from denseccl.torch.process_group import ProcessGroupDenseCCL  # noqa: E402
 from denseccl.torch.progress import AsyncWork, Operation, Progress, completed_work, new_future  # noqa: E402
 
@@ -56,19 +56,10 @@ def test_import_registers_backend_for_cpu_and_cuda():
     assert dist.Backend._plugins["DENSECCL"].extended_api
 
 
-def test_reduce_ops_map_to_denseccl_ops():
-    R = dist.ReduceOp
-    assert [reduce_op(op) for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG)] == ["sum", "prod", "min", "max", "avg"]
-    assert reduce_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
-    assert reduce_op(dist._make_nccl_premul_sum(torch.tensor([0.25]))) == denseccl.PreMulSum(0.25)
-    with pytest.raises(denseccl.OpError, match="not supported"):
-        reduce_op(R.BXOR)
-
-
 def test_core_api_takes_torch_and_mpi4py_ops():
-    """denseccl's own calls accept torch's ReduceOp members and mpi4py's ops that name a
-    supported reduction; the others raise OpError (a ValueError, not a LayoutError) listing
-    what is supported."""
+    """denseccl's own calls (and the process group, which passes torch's op on) accept torch's
+    ReduceOp members and mpi4py's ops that name a supported reduction; the others raise OpError
+    (a ValueError, not a LayoutError) listing what is supported."""
     from denseccl.ops import ReduceOp, as_op
 
     R = dist.ReduceOp
@@ -81,6 +72,7 @@ def test_core_api_takes_torch_and_mpi4py_ops():
     ):
         assert as_op(given) == want
     assert as_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
+    assert as_op(dist._make_nccl_premul_sum(torch.tensor([0.25]))) == denseccl.PreMulSum(0.25)
     for bad in (R.BAND, R.BOR, R.BXOR):
         with pytest.raises(denseccl.OpError, match="SUM, PRODUCT, MIN, MAX, AVG") as info:
             as_op(bad)
@@ -100,34 +92,23 @@ def test_core_api_takes_torch_and_mpi4py_ops():
         as_op("bogus")
 
 
-def test_group_without_mpi_launch_whose_peer_never_joins_times_out(monkeypatch):
+@pytest.fixture()
+def without_mpi_launch(monkeypatch):
+    """As if no MPI launcher had started this process."""
+    for name in MPI_LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_group_without_mpi_launch_whose_peer_never_joins_times_out(without_mpi_launch):
     """Without an MPI launcher CPU tensors move over the gloo engine, made from the group's
     store; a peer that never joins makes its creation raise within the timeout."""
-    for name in (
-        "PMI_RANK",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "MPI_LOCALNRANKS",
-    ):
-        monkeypatch.delenv(name, raising=False)
     started = time.monotonic()
     with pytest.raises(denseccl.CollectiveTimeoutError, match="never joined"):
         ProcessGroupDenseCCL(dist.HashStore(), 0, 2, datetime.timedelta(seconds=2))
     assert time.monotonic() - started < 10
 
 
-def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(monkeypatch):
-    for name in (
-        "PMI_RANK",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "MPI_LOCALNRANKS",
-    ):
-        monkeypatch.delenv(name, raising=False)
+def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(without_mpi_launch):
     pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
     assert pg.getBackendName() == "denseccl" and pg.size() == 1 and pg.host_communicator.backend == "gloo"
     x = torch.arange(6.0).view(2, 3).t()
@@ -144,8 +125,16 @@ def test_dense_and_keys():
         assert _tensors.is_dense(t), name
     assert not _tensors.is_dense(torch.arange(10.0)[::2])
     assert not _tensors.is_dense(torch.ones(3, 1).expand(3, 4))
-    assert _tensors.same_layout(torch.empty(4, 3, 1, 1), torch.empty(4, 3, 1, 1).to(memory_format=CL))
-    assert not _tensors.same_layout(torch.empty(3, 4), torch.empty(4, 3).t())
+    assert denseccl.same_layout(torch.empty(4, 3, 1, 1), torch.empty(4, 3, 1, 1).to(memory_format=CL))
+    assert not denseccl.same_layout(torch.empty(3, 4), torch.empty(4, 3).t())
+
+
+def test_overlap_of_spans():
+    base = torch.empty(10)
+    assert _tensors.overlap(base[2:5], base[4:8]) and _tensors.overlap(base, base[9:])
+    assert not _tensors.overlap(base[:5], base[5:])  # adjacent spans share no byte
+    assert not _tensors.overlap(base[3:3], base) and not _tensors.overlap(base, torch.empty(10))
+    assert _tensors.overlap(base.view(2, 5).t(), base[4:5])  # spans, not logical order
 
 
 def test_dense_strides_like_keeps_the_dim_order_of_gapped_tensors():
@@ -194,7 +183,9 @@ def test_pack_keeps_spans_and_strides_and_unpacks():
         for slot in bucket.slots:
             t = tensors[slot.index]
             run = bucket.flat[slot.offset : slot.offset + slot.numel]
-            assert torch.equal(run, _tensors.span_view(t)), "a slot holds the span as it lies in memory"
+            start, numel = denseccl.layout_of(t).span
+            span = t.as_strided((numel,), (1,), t.storage_offset() + start)
+            assert torch.equal(run, span), "a slot holds the span as it lies in memory"
     targets = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).zero_() for t in tensors]
     buckets.unpack(packed, targets)
     for t, target in zip(tensors, targets):

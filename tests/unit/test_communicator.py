@@ -10,13 +10,7 @@ import pytest
 import denseccl
 from denseccl import LayoutError
 from tests.support.layouts import element_strides, filled, make_strides, raw_bytes
-
-try:
-    import torch
-except ImportError:  # the NumPy tests run without torch; the torch ones skip
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+from tests.support.optional import needs_torch, torch
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,11 @@ from denseccl.transports.store import SoloControl, StoreControl
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI
 
-torch_distributed = pytest.importorskip("torch.distributed")
+
+@pytest.fixture()
+def torch_distributed():
+    """torch.distributed, for the tests that need its TCPStore (the others run without torch)."""
+    return pytest.importorskip("torch.distributed")
 
 
 class FakeNccl(types.SimpleNamespace):
@@ -50,26 +54,14 @@ class FakeNccl(types.SimpleNamespace):
         return FakeComm(rank, size)
 
 
-class _Device:
-    def __init__(self, index):
-        self.index = index
-
-    def use(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 @pytest.fixture()
 def fakes(monkeypatch):
     nccl = FakeNccl()
     cupy = types.SimpleNamespace(
         __version__="14.2.0",
-        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=_Device),
+        cuda=types.SimpleNamespace(
+            runtime=types.SimpleNamespace(getDeviceCount=lambda: 2), Device=FakeCuda().module.cuda.Device
+        ),
     )
     monkeypatch.setattr(nccl_bootstrap, "_require_nccl", lambda: (cupy, nccl))
     monkeypatch.setattr(nccl_transport, "CudaStreams", lambda device: FakeCuda().streams(device))
@@ -96,7 +88,7 @@ def _in_threads(size, body):
     return results
 
 
-def test_explicit_store_three_ranks(fakes):
+def test_explicit_store_three_ranks(fakes, torch_distributed):
     server = torch_distributed.TCPStore("127.0.0.1", 0, 4, True, timeout=timedelta(seconds=30), wait_for_workers=False)
 
     def body(rank):
@@ -121,7 +113,7 @@ def test_explicit_store_three_ranks(fakes):
         assert "mismatch" in outcome and "layout" in outcome, outcome
 
 
-def test_torchrun_environment(fakes, monkeypatch):
+def test_torchrun_environment(fakes, monkeypatch, torch_distributed):
     from tests.gpu.support import free_port
 
     monkeypatch.setenv("RANK", "0")

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-torch_distributed = pytest.importorskip("torch.distributed")
-
-from denseccl.errors import CollectiveTimeoutError, DenseCCLError  # noqa: E402
-from denseccl.transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: E402
+from denseccl.errors import CollectiveTimeoutError, DenseCCLError
+from denseccl.transports.store import SoloControl, StoreControl, wait_for_keys
 
 RANK_PROGRAM = Path(__file__).with_name("store_rank.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def server():
+    """A real TCPStore (torch's) on localhost; the tests that need one skip without torch."""
+    torch_distributed = pytest.importorskip("torch.distributed")
     store = torch_distributed.TCPStore("127.0.0.1", 0, 4, True, timeout=timedelta(seconds=60), wait_for_workers=False)
     yield store
 

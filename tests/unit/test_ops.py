@@ -15,8 +15,7 @@ from denseccl.dtypes import DTYPES
 from denseccl.ops import BOOL_OPS, KIND_OPS, PreMulSum, ReduceOp, as_op, check_op_for_dtype
 from denseccl.transports import host_kernels as hk
 from denseccl.transports.mpi import MPITransport
-
-torch = pytest.importorskip("torch")
+from tests.support.optional import needs_torch, torch
 
 MPI_DTYPES = MPITransport.dtypes
 
@@ -71,6 +70,7 @@ def test_op_names_are_stable():
 # -- dtype tables ------------------------------------------------------------------------------
 
 
+@needs_torch
 @pytest.mark.parametrize("name", sorted(DTYPES))
 def test_dtype_table_matches_torch(name):
     dtype = DTYPES[name]
@@ -190,27 +190,40 @@ def _from_bf16(bits):
     return torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16).to(torch.float32).numpy()
 
 
-@pytest.mark.parametrize("kind", [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX])
-@pytest.mark.parametrize("size", [7, hk.CHUNK + 3])
-def test_half_reductions_round_each_step_like_a_gpu(kind, size):
+UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PRODUCT: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+HALF_CASES = pytest.mark.parametrize("kind, size", [(kind, size) for kind in UFUNCS for size in (7, hk.CHUNK + 3)])
+
+
+def _half_case(kind, size):
+    """Two float32 inputs and the ufunc of ``kind``."""
     rng = np.random.default_rng(size)
     a = (rng.standard_normal(size) * 10).astype(np.float32)
     b = (rng.standard_normal(size) * 10).astype(np.float32)
-    ufunc = {ReduceOp.SUM: np.add, ReduceOp.PRODUCT: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}[
-        kind
-    ]
-    # bfloat16: widen exactly, compute in float32, round once (torch rounds to nearest even)
+    return a, b, UFUNCS[kind]
+
+
+@needs_torch
+@HALF_CASES
+def test_bfloat16_reductions_round_each_step_like_a_gpu(kind, size):
+    a, b, ufunc = _half_case(kind, size)
+    # widen exactly, compute in float32, round once (torch, the reference, rounds to nearest even)
     left, right = _bf16(a), _bf16(b)
     expected = _bf16(ufunc(_from_bf16(left), _from_bf16(right)))
     hk.half_reduction(kind, DTYPES["bfloat16"])(left, right, None)
     assert np.array_equal(right, expected)
-    # float16 likewise, with NumPy's float16 rounding as the reference
+
+
+@HALF_CASES
+def test_float16_reductions_round_each_step_like_a_gpu(kind, size):
+    a, b, ufunc = _half_case(kind, size)
+    # likewise, with NumPy's float16 rounding as the reference
     left16, right16 = a.astype(np.float16), b.astype(np.float16)
     expected16 = ufunc(left16.astype(np.float32), right16.astype(np.float32)).astype(np.float16)
     hk.half_reduction(kind, DTYPES["float16"])(left16, right16, None)
     assert np.array_equal(right16.view(np.uint16), expected16.view(np.uint16))
 
 
+@needs_torch
 def test_bfloat16_rounding_ties_and_nan():
     # 1 + 2**-8 lies exactly between two bfloat16 values: ties go to even (1.0);
     # 1 + 3 * 2**-8 goes up to 1 + 2**-6.
@@ -222,7 +235,7 @@ def test_bfloat16_rounding_ties_and_nan():
     assert np.isnan(result[2]) and result[3] == np.inf
 
 
-@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["float16", pytest.param("bfloat16", marks=needs_torch)])
 def test_half_scale_and_divide(name):
     values = np.array([1.0, -3.0, 0.1, 1000.0, 7.0], np.float32)
     bits = _bf16(values) if name == "bfloat16" else values.astype(np.float16)

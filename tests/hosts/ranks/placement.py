@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 
 hosts, per_host = int(sys.argv[1]), int(sys.argv[2])
 comm = denseccl.init(backend="mpi")

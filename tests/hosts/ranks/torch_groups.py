@@ -27,7 +27,7 @@ from torch import nn
 
 import denseccl
 import denseccl.torch as dt
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 
 hosts, per_host, scenarios = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 
 expect_board, iterations = sys.argv[1] == "1", int(sys.argv[2])
 comm = denseccl.init()

@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker, to_numpy
+from tests.mpi.ranks.common import to_numpy
+from tests.support.checker import Checker
 
 
 def main() -> None:

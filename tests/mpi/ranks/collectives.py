@@ -13,7 +13,6 @@ from typing import Any, Dict
 import numpy as np
 
 from tests.mpi.ranks.common import (
-    Checker,
     as_denseccl_op,
     build,
     compare,
@@ -29,6 +28,7 @@ from tests.mpi.ranks.common import (
     values,
     wait_for,
 )
+from tests.support.checker import Checker
 from tests.support.layouts import assign
 
 

@@ -1,5 +1,6 @@
 """Shared by the rank programs: deterministic inputs from (seed, rank), an independent NumPy
-reference of every collective built from ALL ranks' inputs, and a failure collector.
+reference of every collective built from ALL ranks' inputs. They report through
+``tests.support.checker.Checker``.
 
 Every rank rebuilds every other rank's input locally (same seed, same rank number), so each
 rank can check its own result without trusting any data that came over the wire.
@@ -8,8 +9,6 @@ rank can check its own result without trusting any data that came over the wire.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 import traceback
 from math import prod
@@ -17,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tests.support.checker import Checker
 from tests.support.layouts import element_strides, empty_strided, filled, make_strides, raw_bytes, to_numpy
 
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
@@ -28,45 +28,6 @@ EPS = {
     "float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52, "complex64": 2.0**-23,
     "complex128": 2.0**-52,
 }
-
-
-class Checker:
-    """Collects failures instead of stopping at the first, then prints one summary line."""
-
-    def __init__(self, name: str, rank: int, size: int) -> None:
-        self.name, self.rank, self.size = name, rank, size
-        self.failures: List[str] = []
-        self.checks = 0
-
-    def check(self, condition: bool, message: str) -> bool:
-        self.checks += 1
-        if not condition:
-            self.failures.append(message)
-        return bool(condition)
-
-    def fail(self, message: str) -> None:
-        self.checks += 1
-        self.failures.append(message)
-
-    def report(self) -> int:
-        """Print this rank's summary line (and its failures); the exit status it calls for."""
-        status = "OK" if not self.failures else f"FAILED {len(self.failures)}"
-        lines = [f"[{self.name}] rank {self.rank}/{self.size}: {status} ({self.checks} checks)"]
-        lines += [f"  rank {self.rank}: {failure}" for failure in self.failures[:30]]
-        print("\n".join(lines), flush=True)
-        sys.stderr.flush()
-        return 1 if self.failures else 0
-
-    def finish(self, hard_exit: bool = False, before_exit=None) -> None:  # type: ignore[no-untyped-def]
-        """Report, run ``before_exit`` (e.g. a final barrier), then exit. With ``hard_exit``
-        the summary is out before any rank leaves: a rank leaving through ``os._exit`` may make
-        mpiexec kill its peers at once."""
-        code = self.report()
-        if before_exit is not None:
-            before_exit()
-        if hard_exit:  # skip MPI_Finalize: peers may have abandoned requests (timeout tests)
-            os._exit(code)
-        sys.exit(code)
 
 
 def load_cases(path: str) -> List[Dict[str, Any]]:
@@ -274,7 +235,6 @@ def describe(case: Dict[str, Any]) -> str:
 
 
 __all__ = [
-    "Checker",
     "build",
     "compare",
     "describe",

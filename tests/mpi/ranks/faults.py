@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 
 COUNT = 8 << 20  # 64 MB of float64
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 
 comm = denseccl.init(backend="mpi")
 check = Checker("logging", comm.rank, comm.size)

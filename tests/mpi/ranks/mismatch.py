@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 from tests.support.layouts import empty_strided, raw_bytes, to_numpy
 
 

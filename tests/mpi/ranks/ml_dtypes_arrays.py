@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 
 comm = denseccl.init()
 rank, size = comm.rank, comm.size

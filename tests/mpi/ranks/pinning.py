@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402 - after pinning, as a launcher would have pinne
 import denseccl  # noqa: E402
 from denseccl.transports.base import WAITING  # noqa: E402
 from denseccl.transports.doorbell import futex_call  # noqa: E402
-from tests.mpi.ranks.common import Checker  # noqa: E402
+from tests.support.checker import Checker  # noqa: E402
 
 comm = denseccl.init("mpi")
 rank, size = comm.rank, comm.size

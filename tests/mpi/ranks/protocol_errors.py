@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 from tests.support.protocols import (
     ArrayInterface,
     CudaInterface,

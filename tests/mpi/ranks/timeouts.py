@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import denseccl
-from tests.mpi.ranks.common import Checker
+from tests.support.checker import Checker
 from tests.support.layouts import raw_bytes
 
 

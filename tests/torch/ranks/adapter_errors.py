@@ -12,13 +12,14 @@ import itertools
 
 import torch
 import torch.distributed as dist
-from common import Checker, init, values
+from common import init, values
+from tests.support.checker import Checker
 
 import denseccl
 
 init()
 rank, size = dist.get_rank(), dist.get_world_size()
-check = Checker(rank)
+check = Checker("torch-adapter-errors", rank, size)
 torch.set_num_threads(1)
 seeds = itertools.count(500)
 R = dist.ReduceOp
@@ -38,9 +39,9 @@ def case(what: str, wrong: int, bad, good, *, asynchronous: bool = False) -> Non
     """``bad()`` on rank ``wrong``, ``good()`` on the others; all must raise."""
     if rank == wrong:
         error = check.raises(f"{what}: the wrong rank raises", Exception, bad)
-        check.true(
-            f"{what}: the wrong rank's error is its own ({type(error).__name__}: {error})",
+        check.check(
             not isinstance(error, denseccl.MismatchError),
+            f"{what}: the wrong rank's error is its own ({type(error).__name__}: {error})",
         )
     else:
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import denseccl
 import denseccl.torch as dt
 from denseccl.config import launched_by_mpi
+from tests.support.checker import Checker
 
 mode, seconds, skipper = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 if launched_by_mpi():
@@ -29,14 +30,7 @@ if launched_by_mpi():
 else:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 skipper %= size
-
-
-def leave(failures: list) -> None:
-    if failures:
-        print(f"rank {rank}: {len(failures)} checks failed: {failures}", file=sys.stderr, flush=True)
-        os._exit(1)
-    print(f"rank {rank}: 1 checks passed", flush=True)
-    os._exit(0)
+check = Checker(f"bootstrap-deadline-{mode}", rank, size)
 
 
 def step() -> None:
@@ -56,19 +50,17 @@ if mode == "subgroup":
     dt.init_process_group(timeout=120)
     dist.barrier()
 if rank == skipper:
-    print(f"rank {rank}: 1 checks passed", flush=True)  # the skipper's verdict: it only waits
+    check.report()  # the skipper only waits: it has nothing to check
     time.sleep(seconds + 20)
     os._exit(0)
 started = time.monotonic()
-failures = []
 try:
     step()
-    failures.append(f"{mode}: returned although rank {skipper} never called it")
+    check.fail(f"{mode}: returned although rank {skipper} never called it")
 except denseccl.CollectiveTimeoutError as error:
     elapsed = time.monotonic() - started
-    if not elapsed <= seconds + 5:
-        failures.append(f"{mode}: raised after {elapsed:.1f} s, timeout {seconds} s")
+    check.check(elapsed <= seconds + 5, f"{mode}: raised after {elapsed:.1f} s, timeout {seconds} s")
     print(f"rank {rank}: {mode} raised CollectiveTimeoutError after {elapsed:.1f} s: {str(error)[:160]}", flush=True)
 except Exception as error:  # noqa: BLE001
-    failures.append(f"{mode}: raised {type(error).__name__} instead: {error}")
-leave(failures)
+    check.fail(f"{mode}: raised {type(error).__name__} instead: {error}")
+check.finish(hard_exit=True)

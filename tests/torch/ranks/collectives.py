@@ -7,7 +7,8 @@ import itertools
 
 import torch
 import torch.distributed as dist
-from common import LAYOUTS, Checker, like, make, values
+from common import LAYOUTS, like, make, values
+from tests.support.checker import Checker
 
 import denseccl
 import denseccl.torch as dt
@@ -15,9 +16,9 @@ import denseccl.torch as dt
 dt.init_process_group()
 rank, size = dist.get_rank(), dist.get_world_size()
 pg = dist.group.WORLD
-check = Checker(rank)
-check.true("backend name", dist.get_backend() == "denseccl")
-check.true("process group type", isinstance(pg, dt.ProcessGroupDenseCCL))
+check = Checker("torch-collectives", rank, size)
+check.check(dist.get_backend() == "denseccl", "backend name")
+check.check(isinstance(pg, dt.ProcessGroupDenseCCL), "process group type")
 
 F32, F64, I32 = torch.float32, torch.float64, torch.int32
 seeds = itertools.count(1)
@@ -84,7 +85,7 @@ for layout in LAYOUTS:
             if async_op:
                 if op == "max":
                     work.get_future().wait()  # completed by the progress thread alone
-                    check.true(f"is_completed after future, {layout}", work.is_completed())
+                    check.check(work.is_completed(), f"is_completed after future, {layout}")
                 else:
                     work.wait()
             check.equal(
@@ -157,7 +158,7 @@ for name, inp, out, staged in cases:
     strides, as_planned = gather_case(name, inp, out, staged)
     want = concat if out.shape[0] == 2 * size else concat.view(size, 2, 3)
     check.equal(f"all_gather_into_tensor {name}", out, want, strides=strides)
-    check.true(f"all_gather_into_tensor {name}: staged={staged}", as_planned)
+    check.check(as_planned, f"all_gather_into_tensor {name}: staged={staged}")
 # channels-last input and output: dim 0 is outermost, so the blocks are spans (no staging)
 seed = next(seeds)
 inputs = [values(seed, r, (2, 3, 4, 5), F32) for r in range(size)]
@@ -165,7 +166,7 @@ inp = like(torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last), inputs
 out = torch.empty(2 * size, 3, 4, 5).to(memory_format=torch.channels_last)
 strides, as_planned = gather_case("channels-last", inp, out, False)
 check.equal("all_gather_into_tensor channels-last", out, torch.cat(inputs), strides=strides)
-check.true("all_gather_into_tensor channels-last is direct", as_planned)
+check.check(as_planned, "all_gather_into_tensor channels-last is direct")
 # in place: the input is the output's own block (FSDP's pattern)
 seed = next(seeds)
 inputs = [values(seed, r, (4,), F32) for r in range(size)]
@@ -189,7 +190,7 @@ for op in ("sum", "avg", "premul"):
         strides = out.stride()
         dist.reduce_scatter_tensor(out, inp, op=torch_op(op))
         check.equal(f"reduce_scatter_tensor {op} {name}", out, want, strides=strides, tol=1e-5)
-        check.true(f"reduce_scatter_tensor {name}: staged={staged}", stats() - before == int(staged))
+        check.check(stats() - before == int(staged), f"reduce_scatter_tensor {name}: staged={staged}")
 seed = next(seeds)
 full = [values(seed, r, (2 * size, 3, 4, 5), F64) for r in range(size)]
 inp = like(torch.empty(2 * size, 3, 4, 5).to(memory_format=torch.channels_last), full[rank])
@@ -197,7 +198,7 @@ out = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
 before = stats()
 dist.reduce_scatter_tensor(out, inp)
 check.equal("reduce_scatter_tensor channels-last", out, ref("sum", full)[2 * rank : 2 * rank + 2], strides=out.stride())
-check.true("reduce_scatter_tensor channels-last is direct", stats() == before)
+check.check(stats() == before, "reduce_scatter_tensor channels-last is direct")
 # output aliasing the input's own block
 seed = next(seeds)
 full = [values(seed, r, (3 * size,), F32) for r in range(size)]
@@ -232,8 +233,8 @@ try:
     manager.wait()
 finally:
     communicator_module.digest = real_agree
-check.true(
-    f"one agreement step covers a coalesced all_reduce (two buckets): {agreed}", agreed == ["allreduce_coalesced"]
+check.check(
+    agreed == ["allreduce_coalesced"], f"one agreement step covers a coalesced all_reduce (two buckets): {agreed}"
 )
 for k, (t, (layout, dtype)) in enumerate(
     zip(tensors, (("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))
@@ -275,9 +276,9 @@ x = torch.ones(6)[::2] if rank == 0 else torch.ones(3)
 error = check.raises(
     "gapped tensor on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: dist.all_reduce(x)
 )
-check.true(
-    f"rank 0 gets LayoutError, others MismatchError ({type(error).__name__})",
+check.check(
     isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError),
+    f"rank 0 gets LayoutError, others MismatchError ({type(error).__name__})",
 )
 x = make("row-major" if rank == 0 else "transposed", F32, 99, rank)
 kept = x.clone()
@@ -291,7 +292,7 @@ check.raises(
     lambda: dist.all_gather_into_tensor(out, inp),
     "mismatch",
 )
-check.true("mismatch leaves the output", bool((out == -1).all()))
+check.check(bool((out == -1).all()), "mismatch leaves the output")
 inp = like(torch.empty(2 * size, 3) if rank == 0 else torch.empty(3, 2 * size).t(), values(6, rank, (2 * size, 3), F32))
 out = torch.full((2, 3), -1.0)
 check.raises(
@@ -300,7 +301,7 @@ check.raises(
     lambda: dist.reduce_scatter_tensor(out, inp),
     "mismatch",
 )
-check.true("mismatch leaves the reduce_scatter output", bool((out == -1).all()))
+check.check(bool((out == -1).all()), "mismatch leaves the reduce_scatter output")
 pair = [make("channels-last", F32, 8, rank), make("row-major" if rank == 0 else "transposed", F32, 9, rank)]
 kept = [t.clone() for t in pair]
 check.raises(
@@ -309,16 +310,16 @@ check.raises(
     lambda: pg.allreduce_coalesced(pair).wait(),
     "mismatch",
 )
-check.true("coalesced mismatch leaves the tensors", all(torch.equal(a, b) for a, b in zip(pair, kept)))
+check.check(all(torch.equal(a, b) for a, b in zip(pair, kept)), "coalesced mismatch leaves the tensors")
 pair = [torch.ones(4), torch.ones(8)[::2] if rank == 0 else torch.ones(4)]
 error = check.raises(
     "gapped tensor in all_reduce_coalesced on rank 0",
     (denseccl.LayoutError, denseccl.MismatchError),
     lambda: pg.allreduce_coalesced(pair).wait(),
 )
-check.true(
-    f"coalesced: rank 0 LayoutError, others MismatchError ({type(error).__name__})",
+check.check(
     isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError),
+    f"coalesced: rank 0 LayoutError, others MismatchError ({type(error).__name__})",
 )
 check.raises(
     "unsupported op",
@@ -367,7 +368,7 @@ elif rank == 1:
     y = make("permuted", F64, 0, 1)
     source = dist.recv(y, tag=3)  # from any source
     check.equal("recv from any source", y, values(seed, 0, (2, 3, 4, 5), F64), strides=y.stride())
-    check.true(f"recv any source reports rank 0 (got {source})", source == 0)
+    check.check(source == 0, f"recv any source reports rank 0 (got {source})")
 ops = []
 right, left = (rank + 1) % size, (rank - 1) % size
 outgoing = make("channels-last", F32, seed + 1, rank)
@@ -392,10 +393,10 @@ check.equal("scatter", out, values(seed, rank, (3, 5), F32), strides=out.stride(
 
 objects = [None] * size
 dist.all_gather_object(objects, {"rank": rank})
-check.true("all_gather_object", objects == [{"rank": r} for r in range(size)])
+check.check(objects == [{"rank": r} for r in range(size)], "all_gather_object")
 message = [f"from {rank}"]
 dist.broadcast_object_list(message, src=0)
-check.true("broadcast_object_list", message == ["from 0"])
+check.check(message == ["from 0"], "broadcast_object_list")
 
 # -- subgroups map to MPI sub-communicators --------------------------------------------------
 members = list(range(1, size))
@@ -426,10 +427,10 @@ for iteration in range(30):
     second.wait()
     total = size * (size + 1) / 2
     if not (bool((a == total).all()) and bool((b == 10 * total).all())):
-        check.true(f"async bfloat16 burst {iteration}: {a.unique().tolist()[:3]} {b.unique().tolist()[:3]}", False)
+        check.check(False, f"async bfloat16 burst {iteration}: {a.unique().tolist()[:3]} {b.unique().tolist()[:3]}")
         break
 else:
-    check.true("async bfloat16 bursts", True)
+    check.check(True, "async bfloat16 bursts")
 
 dist.barrier()
 dist.barrier(async_op=True).wait()

@@ -1,11 +1,10 @@
-"""Helpers shared by the torch rank programs: tensors of named layouts, per-rank inputs that
-every rank can rebuild (so references are computed from all ranks' inputs), and a checker."""
+"""Helpers shared by the torch rank programs: tensors of named layouts and per-rank inputs that
+every rank can rebuild (so references are computed from all ranks' inputs). They report
+through ``tests.support.checker.Checker``."""
 
 from __future__ import annotations
 
-import os
-import sys
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, Sequence, Tuple
 
 import torch
 
@@ -54,54 +53,3 @@ def like(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
     out.copy_(src)
     return out
-
-
-class Checker:
-    """Collects failures; ``done()`` prints them and exits non-zero if any."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.failures: List[str] = []
-        self.count = 0
-
-    def equal(self, what: str, got: torch.Tensor, want: torch.Tensor, *, strides: Sequence[int] = None, tol: float = 1e-6) -> None:
-        self.count += 1
-        if tuple(got.shape) != tuple(want.shape):
-            self.failures.append(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
-            return
-        if not torch.allclose(got.double(), want.double(), rtol=tol, atol=tol):
-            self.failures.append(f"{what}: values differ\n got {got}\n want {want}")
-        if strides is not None and got.numel() > 0 and _key(got.shape, got.stride()) != _key(got.shape, tuple(strides)):
-            self.failures.append(f"{what}: strides {got.stride()} != {tuple(strides)}")
-
-    def true(self, what: str, condition: bool) -> None:
-        self.count += 1
-        if not condition:
-            self.failures.append(what)
-
-    def raises(self, what: str, kinds, call: Callable[[], object], contains: str = "") -> BaseException:
-        self.count += 1
-        try:
-            call()
-        except kinds as error:
-            if contains and contains not in str(error).lower():
-                self.failures.append(f"{what}: {type(error).__name__} without {contains!r}: {error}")
-            return error
-        except Exception as error:  # noqa: BLE001
-            self.failures.append(f"{what}: raised {type(error).__name__}: {error}")
-            return error
-        self.failures.append(f"{what}: did not raise")
-        return None
-
-    def done(self) -> None:
-        if self.failures:
-            print(f"rank {self.rank}: {len(self.failures)} of {self.count} checks failed", file=sys.stderr)
-            for failure in self.failures[:40]:
-                print(f"rank {self.rank} FAIL {failure}", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(1)
-        print(f"rank {self.rank}: {self.count} checks passed", flush=True)
-
-
-def _key(shape, strides):
-    return tuple(None if n == 1 else s for n, s in zip(shape, strides))

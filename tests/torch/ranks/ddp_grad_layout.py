@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common import Checker
+from tests.support.checker import Checker
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -25,7 +25,7 @@ import denseccl.torch as dt
 
 dt.init_process_group()
 rank, size = dist.get_rank(), dist.get_world_size()
-check = Checker(rank)
+check = Checker("torch-ddp-grad-layout", rank, size)
 torch.set_num_threads(1)
 
 CL, RM = torch.channels_last, torch.contiguous_format
@@ -91,12 +91,12 @@ for (fname, formats), (dname, dtypes), bucket_mb, as_view in itertools.product(
         for (pname, p), p_ddp in zip(model.named_parameters(), ddp.module.parameters()):
             where = f"{name} iteration {it} {pname}"
             check.equal(f"grad {where}", p_ddp.grad, p.grad, tol=tol)
-            check.true(
-                f"grad strides {p_ddp.grad.stride()} != param strides {p_ddp.stride()}: {where}",
+            check.check(
                 key(p_ddp.grad) == key(p_ddp),
+                f"grad strides {p_ddp.grad.stride()} != param strides {p_ddp.stride()}: {where}",
             )
-            check.true(f"reference grad strides: {where}", key(p.grad) == key(p))
-        check.true(f"no contract violations: {name} iteration {it}", not dt.grad_layout_violations(ddp.module))
+            check.check(key(p.grad) == key(p), f"reference grad strides: {where}")
+        check.check(not dt.grad_layout_violations(ddp.module), f"no contract violations: {name} iteration {it}")
         opt.step()
         opt_ddp.step()
         if it == 0:
@@ -108,11 +108,11 @@ for (fname, formats), (dname, dtypes), bucket_mb, as_view in itertools.product(
             ddp.zero_grad()
     for (pname, p), p_ddp in zip(model.named_parameters(), ddp.module.parameters()):
         check.equal(f"param after 3 steps {name} {pname}", p_ddp, p, tol=tol)
-        check.true(f"param strides kept {name} {pname}", key(p_ddp) == key(p))
+        check.check(key(p_ddp) == key(p), f"param strides kept {name} {pname}")
     configs += 1
     del ddp
 
-check.true(f"36 configurations ran ({configs})", configs == 36)
+check.check(configs == 36, f"36 configurations ran ({configs})")
 print(f"rank {rank}: {configs} DDP configurations in {time.monotonic() - started:.1f} s", flush=True)
 dist.destroy_process_group()
 check.done()

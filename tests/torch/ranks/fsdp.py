@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from common import Checker
+from tests.support.checker import Checker
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -16,10 +16,10 @@ import denseccl.torch as dt
 
 dt.init_process_group()
 rank, size = dist.get_rank(), dist.get_world_size()
-check = Checker(rank)
+check = Checker("torch-fsdp", rank, size)
 torch.set_num_threads(1)
 mesh = init_device_mesh("cpu", (size,))
-check.true("the mesh's group is named", bool(mesh.get_group().group_name))
+check.check(bool(mesh.get_group().group_name), "the mesh's group is named")
 
 
 def model():

@@ -11,7 +11,7 @@ import socket
 
 import torch
 import torch.distributed as dist
-from common import Checker
+from tests.support.checker import Checker
 from mpi4py import MPI
 
 import denseccl
@@ -19,7 +19,7 @@ import denseccl.torch as dt
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()
-check = Checker(rank)
+check = Checker("torch-init-methods", rank, size)
 
 
 def free_port() -> int:
@@ -60,13 +60,13 @@ dist.destroy_process_group()
 # timeout as a timedelta or as seconds
 dt.init_process_group("denseccl", timeout=datetime.timedelta(seconds=50))
 allreduce_works("dt.init_process_group(backend, timeout=timedelta)")
-check.true("the group's timeout is the timedelta's", dist.group.WORLD.host_communicator.timeout == 50)
+check.check(dist.group.WORLD.host_communicator.timeout == 50, "the group's timeout is the timedelta's")
 dist.destroy_process_group()
 dt.init_process_group(timeout=45)
 allreduce_works("dt.init_process_group(timeout=seconds)")
 x = torch.ones(3)
 work = dist.all_reduce(x, async_op=True)
-check.true("torch Work.wait(timeout=timedelta)", work.wait(timeout=datetime.timedelta(seconds=30)))
+check.check(work.wait(timeout=datetime.timedelta(seconds=30)), "torch Work.wait(timeout=timedelta)")
 dist.destroy_process_group()
 
 port = free_port()

@@ -5,14 +5,14 @@ Every result against a NumPy reference of all ranks' inputs. Run with torchrun."
 from __future__ import annotations
 
 import numpy as np
-from common import Checker
+from tests.support.checker import Checker
 
 import denseccl
 
 comm = denseccl.init()
 rank, size = comm.rank, comm.size
-check = Checker(rank)
-check.true(f"backend gloo ({comm.backend})", comm.backend == "gloo")
+check = Checker("numpy-torchrun", rank, size)
+check.check(comm.backend == "gloo", f"backend gloo ({comm.backend})")
 
 
 def data(seed: int, r: int, shape, dtype) -> np.ndarray:
@@ -21,9 +21,9 @@ def data(seed: int, r: int, shape, dtype) -> np.ndarray:
 
 
 def equal(what, got, want, tol=1e-6):
-    check.true(
-        f"{what}: got {got} want {want}",
+    check.check(
         got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol),
+        f"{what}: got {got} want {want}",
     )
 
 
@@ -58,7 +58,7 @@ for seed, (name, make) in enumerate(layouts.items()):
             if dtype == np.bool_:
                 want = {"sum": stack.any(0), "prod": stack.all(0)}[op].astype(np.float64)
             equal(f"allreduce {op} {np.dtype(dtype).name} {name}", x, want, tol=1e-2 if dtype == np.float16 else 1e-5)
-            check.true(f"allreduce keeps strides {name}", x.strides == strides)
+            check.check(x.strides == strides, f"allreduce keeps strides {name}")
 
 x = np.asfortranarray(data(20, rank, (3, 5), np.float64))
 out = np.empty_like(x)
@@ -85,14 +85,14 @@ equal("reduce_scatter max", block, np.stack([data(24 + rank, r, (2, 3), np.float
 bad = np.ones((3, 4)) if rank == 0 else np.ones((4, 3)).T
 try:
     comm.allreduce(bad)
-    check.true("layout mismatch raises", False)
+    check.check(False, "layout mismatch raises")
 except denseccl.MismatchError as error:
-    check.true("mismatch message names the layouts", "mismatch" in str(error))
+    check.check("mismatch" in str(error), "mismatch message names the layouts")
 try:
     comm.allreduce(np.ones(4, np.int16))
-    check.true("int16 reduction refused", False)
+    check.check(False, "int16 reduction refused")
 except (denseccl.LayoutError, denseccl.MismatchError) as error:
-    check.true(f"int16 reduction refused with the reason: {error}", "int16" in str(error) or "mismatch" in str(error))
+    check.check("int16" in str(error) or "mismatch" in str(error), f"int16 reduction refused with the reason: {error}")
 half = comm.split(rank % 2, key=-rank)
 v = np.full(3, rank, np.int64)
 half.allreduce(v)
@@ -119,7 +119,7 @@ equal(
     large,
     sum(data(30, r, (512, 2048), np.float32).astype(np.float64) for r in range(size)),
 )
-check.true(f"the waiter blocked in gloo ({polls[0]} polls of the work)", polls[0] == 0)
+check.check(polls[0] == 0, f"the waiter blocked in gloo ({polls[0]} polls of the work)")
 GlooPending.test = polled_test
 
 comm.barrier()

@@ -11,7 +11,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common import Checker
+from tests.support.checker import Checker
 from torchrun_job import job
 
 import denseccl.torch as dt
@@ -24,7 +24,7 @@ def worker(rank: int, size: int, init_method: str) -> None:
         dt.init_process_group("denseccl", timeout=60)  # seconds, as torch users also pass a timedelta
     else:
         dist.init_process_group("denseccl", init_method=init_method, rank=rank, world_size=size)
-    check = Checker(rank)
+    check = Checker("torch-spawn", rank, size)
     job(check)
     dist.destroy_process_group()
     check.done()

@@ -12,12 +12,13 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from common import Checker, init, like, values
+from common import init, like, values
+from tests.support.checker import Checker
 from torch.distributed.device_mesh import init_device_mesh
 
 init()
 rank, size = dist.get_rank(), dist.get_world_size()
-check = Checker(rank)
+check = Checker("torch-subgroups", rank, size)
 torch.set_num_threads(1)
 CL = torch.channels_last
 
@@ -26,16 +27,16 @@ def exercise(name: str, group, members) -> None:
     """Collectives on ``group`` whose members are the global ranks ``members`` (group-rank order)."""
     members = list(members)
     if group is None or rank not in members:
-        check.true(
-            f"{name}: rank {rank} is not a member",
+        check.check(
             group in (None, dist.GroupMember.NON_GROUP_MEMBER) or rank not in members,
+            f"{name}: rank {rank} is not a member",
         )
         return
     n = len(members)
     me = members.index(rank)
     seeds = itertools.count(zlib.crc32(name.encode()) % 100_000)  # the same on every member
-    check.true(f"{name}: group rank {dist.get_rank(group)} == {me}", dist.get_rank(group) == me)
-    check.true(f"{name}: group size {dist.get_world_size(group)} == {n}", dist.get_world_size(group) == n)
+    check.check(dist.get_rank(group) == me, f"{name}: group rank {dist.get_rank(group)} == {me}")
+    check.check(dist.get_world_size(group) == n, f"{name}: group size {dist.get_world_size(group)} == {n}")
     seed = next(seeds)
     x = like(torch.empty(2, 3, 4, 5).to(memory_format=CL), values(seed, rank, (2, 3, 4, 5), torch.float32))
     dist.all_reduce(x, group=group)
@@ -70,7 +71,7 @@ def exercise(name: str, group, members) -> None:
         )
     objects = [None] * n
     dist.all_gather_object(objects, rank, group=group)
-    check.true(f"{name}: all_gather_object {objects}", objects == members)
+    check.check(objects == members, f"{name}: all_gather_object {objects}")
     dist.barrier(group=group)
 
 

@@ -10,7 +10,8 @@ import copy
 
 import torch
 import torch.distributed as dist
-from common import Checker, like, values
+from common import like, values
+from tests.support.checker import Checker
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -21,8 +22,8 @@ import denseccl.torch
 def job(check: Checker) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     pg = dist.group.WORLD
-    check.true("backend is denseccl", dist.get_backend() == "denseccl")
-    check.true("CPU tensors move over the gloo engine", pg.host_communicator.backend == "gloo")
+    check.check(dist.get_backend() == "denseccl", "backend is denseccl")
+    check.check(pg.host_communicator.backend == "gloo", "CPU tensors move over the gloo engine")
     CL = torch.channels_last
     everyone = lambda seed, shape, dtype=torch.float32: [values(seed, r, shape, dtype) for r in range(size)]  # noqa: E731
 
@@ -54,7 +55,7 @@ def job(check: Checker) -> None:
         out, like(torch.empty(2, 3, 4, 5).to(memory_format=CL), values(5, rank, (2, 3, 4, 5), torch.float32))
     )
     check.equal("all_gather_into_tensor channels-last", out, torch.cat(everyone(5, (2, 3, 4, 5))), strides=out.stride())
-    check.true("... with no staging copy", pg.staged_operations == before)
+    check.check(pg.staged_operations == before, "... with no staging copy")
     block = torch.empty(3, 2).t()
     dist.reduce_scatter_tensor(block, like(torch.empty(3, 2 * size).t(), values(6, rank, (2 * size, 3), torch.float32)))
     check.equal(
@@ -70,13 +71,13 @@ def job(check: Checker) -> None:
 
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "name": f"r{rank}"})
-    check.true("all_gather_object", objects == [{"rank": r, "name": f"r{r}"} for r in range(size)])
+    check.check(objects == [{"rank": r, "name": f"r{r}"} for r in range(size)], "all_gather_object")
     message = [f"from {rank}", rank]
     dist.broadcast_object_list(message, src=1)
-    check.true("broadcast_object_list", message == ["from 1", 1])
+    check.check(message == ["from 1", 1], "broadcast_object_list")
     gathered = [None] * size if rank == 0 else None
     dist.gather_object(rank * 10, gathered, dst=0)
-    check.true("gather_object", rank != 0 or gathered == [r * 10 for r in range(size)])
+    check.check(rank != 0 or gathered == [r * 10 for r in range(size)], "gather_object")
     dist.barrier()
     dist.barrier(async_op=True).wait()
 
@@ -104,14 +105,14 @@ def job(check: Checker) -> None:
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         check.equal(f"DDP parameter {name}", p, q, tol=1e-5)
-        check.true(
-            f"DDP gradient of {name} keeps its parameter's strides", p.grad.stride() == p.stride() or p.dim() < 4
+        check.check(
+            p.grad.stride() == p.stride() or p.dim() < 4, f"DDP gradient of {name} keeps its parameter's strides"
         )
 
 
 if __name__ == "__main__":
     dist.init_process_group("denseccl")
-    check = Checker(dist.get_rank())
+    check = Checker("torch-torchrun-job", dist.get_rank(), dist.get_world_size())
     torch.set_num_threads(1)
     job(check)
     dist.destroy_process_group()
