@@ -235,6 +235,12 @@ class Transport(ABC):
     def close(self) -> None:
         """Release the library's communicator (collective where the library says so)."""
 
+    def retire(self) -> None:
+        """Close while a transfer started here may still be running (a Work in flight or
+        abandoned): release only what that transfer cannot touch. By default :meth:`close`; a
+        library that may not free a communicator under a running operation keeps it."""
+        self.close()
+
 
 class Flag(Protocol):
     """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.fast_path`)."""
@@ -301,3 +307,8 @@ class ControlChannel(ABC):
 
     def close(self) -> None:
         """Release the channel."""
+
+    def retire(self) -> None:
+        """Close while a transfer of the communicator may still be running (see
+        :meth:`Transport.retire`); by default :meth:`close`."""
+        self.close()

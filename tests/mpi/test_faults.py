@@ -55,6 +55,15 @@ def test_drops_in_any_order(order):
     expect_summaries(done.stdout, f"drops-{order}", 2)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
+@pytest.mark.parametrize("order", ["close-then-wait", "close-times-out"])
+def test_close_with_work_in_flight(order, shared):
+    env = {"DENSECCL_SHARED_AGREEMENT": shared}
+    done = run_ranks(2, RANKS / "drops.py", [order], timeout=120, env=env)
+    expect_summaries(done.stdout, f"drops-{order}", 2)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["env", "kwarg"])
 def test_abort_on_timeout_ends_the_job(how, segments):
