@@ -76,7 +76,7 @@ class Flow:
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
         self._all_equal, self._gave_up = control.fast_path()
-        weakref.finalize(self, _keep_if_any, self.orphans)
+        weakref.finalize(self, _keep_if_any, self.orphans, self.unfinished)
 
     # -- the flow ----------------------------------------------------------------------------
 
@@ -246,11 +246,12 @@ class Flow:
         self._keep(*things)  # first: whatever follows must not free what the transfer may touch
         self.note_failure(error)
 
-    def _keep(self, *things: Any) -> None:
+    def _keep(self, *things: Any, _abandon: Callable[..., None] = abandon) -> None:
         """Abandon a transfer with what it uses (it may never complete; its communicator too is
-        then kept at :meth:`close`)."""
+        then kept at :meth:`close`). ``_abandon`` is bound here: a Work dropped while the
+        interpreter clears the modules at exit gets here too."""
         self.abandoned = True
-        abandon(*things)
+        _abandon(*things)
 
     def note_failure(self, error: BaseException) -> None:
         """Mark the communicator broken after a timeout, a peer that gave up, a transport
@@ -337,10 +338,14 @@ class Flow:
                 self._gave_up = CLOSED  # its Works have all completed: waiting again reads no channel
 
 
-def _keep_if_any(orphans: List[Tuple[Pending, Any]]) -> None:
-    """A flow went away with dropped Works still in flight: keep them for the process's life."""
-    if orphans:
-        abandon(list(orphans))
+def _keep_if_any(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
+    """A flow went away with dropped Works still in flight, or the interpreter exits (before it
+    clears the modules) with Works of a flow in flight: keep the dropped ones for the process's
+    life. MPI still moves their data when it is finalized, after the interpreter has cleared
+    everything, so the list itself is kept: Works dropped while the modules are cleared join it
+    (Flow.adopt)."""
+    if orphans or unfinished:
+        abandon(orphans)
 
 
 __all__ = ["Flow", "Test"]

@@ -7,6 +7,7 @@ nothing about layouts: pointers are the starts of storage spans, counts are elem
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -58,11 +59,17 @@ DONE = Done()
 #: requests given up on (a timeout, a broken communicator, a shutdown) with the memory they may
 #: still touch: MPI cannot cancel them, and freeing an active request is erroneous
 _ABANDONED: List[Any] = []
+# mpi4py finalizes MPI (which still progresses these requests) in a Py_AtExit hook, after the
+# interpreter has cleared every module: a reference of our own that nothing ever releases keeps
+# the list, and all it holds, alive until the process ends
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_ABANDONED))
 
 
-def abandon(*things: Any) -> None:
-    """Keep ``things`` (requests, buffers) alive for the rest of the process."""
-    _ABANDONED.append(things)
+def abandon(*things: Any, _kept: List[Any] = _ABANDONED) -> None:
+    """Keep ``things`` (requests, buffers) alive for the rest of the process: past the
+    interpreter's teardown too (``_kept`` is bound here, so this works while modules are
+    being cleared)."""
+    _kept.append(things)
 
 
 class Waiting:

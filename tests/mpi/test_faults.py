@@ -49,7 +49,7 @@ def test_late_rank_never_agrees_with_an_abandoned_entry(shared, segments):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("order", ["work-first", "array-first", "comm-first", "comm-only", "exit"])
+@pytest.mark.parametrize("order", ["work-first", "array-first", "comm-first", "comm-only", "exit", "exit-global"])
 def test_drops_in_any_order(order):
     done = run_ranks(2, RANKS / "drops.py", [order], timeout=120)
     expect_summaries(done.stdout, f"drops-{order}", 2)

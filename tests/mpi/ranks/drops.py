@@ -3,7 +3,9 @@
 Each ORDER drops a Work, its arrays and its communicator in one order, with the peer (rank 1)
 joining the collective only later, so the transfer is still running when the objects go; then
 the job keeps using MPI (another communicator), allocates over the memory that was freed, and
-checks every result. ``exit`` leaves the interpreter with work in flight.
+checks every result. ``exit`` leaves the interpreter with work in flight; ``exit-global``
+too, with the Work and its array in a module global, which lives until the interpreter clears
+the modules (MPI is finalized after that, and still moves the data then).
 
 Closing is a drop too: ``comm-only`` closes (rank 1) or just drops (rank 0) the communicator
 and nothing else; ``close-then-wait`` closes it on both ranks with the Work in flight, then
@@ -15,6 +17,7 @@ communicator with a transfer still running on it ended the job in a segmentation
 
 usage: mpiexec -n 2 python drops.py ORDER
 ORDER: work-first | array-first | comm-first | comm-only | close-then-wait | close-times-out | exit
+       | exit-global
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from tests.mpi.ranks.faults import PauseAfterPost
 COUNT = 1 << 20
 #: the communicator's timeout in ``close-times-out`` (seconds)
 TIMEOUT = 2.0
+#: what ``exit-global`` leaves behind
+LEFT = None
 
 
 def main() -> None:
@@ -81,8 +86,11 @@ def main() -> None:
         elif order == "close-times-out":
             wait_resumed(check, comm, work)
             del comm, work, x
-        elif order == "exit":
-            print(f"[drops-exit] rank {rank}/{size}: OK (1 checks)", flush=True)
+        elif order in ("exit", "exit-global"):
+            print(f"[drops-{order}] rank {rank}/{size}: OK (1 checks)", flush=True)
+            if order == "exit-global":
+                global LEFT  # the point: a Work that lives until the modules are cleared
+                LEFT = (work, x)
             sys.exit(0)  # interpreter exit with the allreduce in flight
         gc.collect()
         junk = [np.full(COUNT, 9.0) for _ in range(4)]  # likely over the freed memory
