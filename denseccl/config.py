@@ -20,8 +20,9 @@ variable                       meaning                                          
                                polls (0 spins, yielding the core)
 ``DENSECCL_DEBUG``             ``WARN`` / ``INFO`` / ``TRACE`` (logging)        ``WARN``
 ``DENSECCL_WAIT``              ``auto`` / ``spin`` / ``yield``: how a rank      ``auto``
-                               waits for peers (auto: sleep on doorbells when
-                               the host's ranks share cores, else spin briefly)
+                               waits for peers (auto: yield, then sleep on
+                               doorbells when the host's ranks share cores,
+                               else spin briefly)
 =============================  ===============================================  ==========
 """
 

@@ -206,7 +206,7 @@ class Flow:
                 if test():
                     break
             else:
-                wait_until(self._watching(test), self.deadline(timeout), "the collective")
+                wait_until(test, self.deadline(timeout), "the collective", watch=self._watch)
             if self._gave_up[0]:
                 self._after()
         except BaseException as error:
@@ -225,17 +225,10 @@ class Flow:
             raise
         return True
 
-    def _watching(self, test: Test) -> Test:
-        gave_up, after = self._gave_up, self._after
-
-        def watched() -> bool:
-            if test():
-                return True
-            if gave_up[0]:
-                after()
-            return False
-
-        return watched
+    def _watch(self) -> None:
+        """Between the polls of a wait: a peer that gave up makes it hopeless."""
+        if self._gave_up[0]:
+            self._after()
 
     def _after(self) -> None:
         """A completed call may still have paired with one a peer gave up on: then it fails."""

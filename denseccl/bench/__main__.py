@@ -44,7 +44,7 @@ def _waits_line(world: Any) -> str:
     quota = f"; rank 0's cgroup quota {limit:g} cores" if limit is not None else ""
     how = "poll briefly, then yield"
     if WAITING.crowded:
-        how = "sleep on doorbells" if WAITING.doorbells is not None else "yield at once"
+        how = "yield, then sleep on doorbells" if WAITING.doorbells is not None else "yield at once"
     shared = "the ranks of a host share cores" if crowded else "a core per rank"
     return f"#  waits: {shared}{quota}: {how}"
 

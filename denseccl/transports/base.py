@@ -80,10 +80,13 @@ class Waiting:
     answers within microseconds, and a context switch would cost more than it saves. Crowded
     (the host's ranks cannot each have a core of their own: cores.py), polling only keeps the
     peer that must run off the core, so a wait gives the core up from its first turn on, after
-    a short burst of polls each turn (:data:`CROWDED_BURST`): it sleeps on its doorbell where
-    the host has them (doorbell.py), else it yields. Bootstrap decides (:meth:`note`);
-    ``DENSECCL_WAIT`` overrides it: ``spin`` waits as if uncrowded, ``yield`` as if crowded but
-    yielding instead of sleeping."""
+    a short burst of polls each turn (:data:`CROWDED_BURST`): it yields, which hands the core
+    to a runnable peer in about a microsecond, for :data:`CROWDED_YIELD_SECONDS`; a wait that
+    lasts longer sleeps on its doorbell where the host has them (doorbell.py), so that a stalled
+    peer does not keep the core busy. Sleeping at once costs a timer per wait, tens of
+    microseconds in a virtual machine (a 4 KiB allreduce on one core: 120-140 us sleeping, 27-36
+    us yielding). Bootstrap decides (:meth:`note`); ``DENSECCL_WAIT`` overrides it: ``spin``
+    waits as if uncrowded, ``yield`` as if crowded but never sleeping."""
 
     __slots__ = ("crowded", "doorbells")
 
@@ -99,7 +102,11 @@ class Waiting:
         rank of the host. ``doorbells``: the host's (the largest set wins)."""
         policy = config.settings().wait
         self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        if policy == "auto" and doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size):
+        if (
+            policy == "auto"
+            and doorbells is not None
+            and (self.doorbells is None or doorbells.size >= self.doorbells.size)
+        ):
             if self.doorbells is not None:
                 self.doorbells.retire()
             self.doorbells = doorbells
@@ -119,27 +126,39 @@ class Waiting:
 #: small allreduce: three, ~0.2 us each), and sleeping between those would hand the core to
 #: the peer for nothing
 CROWDED_BURST = 4
+#: how many times a crowded wait yields before it sleeps on its doorbell: a peer that shares
+#: an otherwise idle core answers a small call within one or two yields; a wait that needs
+#: more is for a slow or stalled peer, or the core is busy with other work, where a yielding
+#: rank keeps running instead of the peer (the scheduler favours it) and sleeping is faster
+CROWDED_YIELDS = 8
 #: this process's waiting policy
 WAITING = Waiting()
 
 
-def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, spins: int = 64, burst: int = CROWDED_BURST) -> None:
+def wait_until(
+    test: Callable[[], bool],
+    deadline: Optional[float],
+    what: str,
+    spins: int = 64,
+    burst: int = CROWDED_BURST,
+    watch: Optional[Callable[[], None]] = None,
+) -> None:
     """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
     after every poll, then sleep briefly (a long wait for a slow peer should not burn a core).
     Where ranks share cores (:class:`Waiting`) it gives the core up from the first turn on,
     after a burst of ``burst`` polls each turn (1 for a test only a peer can make true): it
-    sleeps on its doorbell, or yields. Raise :class:`CollectiveTimeoutError` once ``deadline``
-    has passed."""
-    per_turn, doze = 1, None
+    yields, and once the wait has lasted :data:`CROWDED_YIELD_SECONDS` it sleeps on its
+    doorbell where the host has them. ``watch``, called once a turn before the core is given
+    up, raises if the wait is hopeless (a peer gave up). Raise :class:`CollectiveTimeoutError`
+    once ``deadline`` has passed."""
+    per_turn, doorbells = 1, None
     if WAITING.crowded:
-        spins, per_turn = 0, burst
-        doorbells = WAITING.doorbells
-        if doorbells is not None:
-            doze = doorbells.doze
+        spins, per_turn, doorbells = 0, burst, WAITING.doorbells
     for _ in range(spins):
         if test():
             return
     started = time.monotonic()
+    doze = None  # the doorbell's sleep, once yielding has lasted long enough
     turns = 0
     while True:
         for _ in range(per_turn):
@@ -147,10 +166,14 @@ def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, s
                 if doze is not None:
                     WAITING.ring()  # a peer may sleep waiting for what this completion did
                 return
+        if watch is not None:
+            watch()
         turns += 1
         if turns & 31:
             if doze is None:
                 os.sched_yield()
+                if turns >= CROWDED_YIELDS and doorbells is not None:
+                    doze = doorbells.doze
             elif doze(test):
                 WAITING.ring()
                 return
@@ -163,7 +186,7 @@ def wait_until(test: Callable[[], bool], deadline: Optional[float], what: str, s
                 "broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers "
                 "are just slow"
             )
-        if now - started > 0.05 and doze is None:
+        if doorbells is None and now - started > 0.05:
             time.sleep(0.0002)
 
 

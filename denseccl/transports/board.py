@@ -53,12 +53,18 @@ def usable_here() -> bool:
 class Board:
     """One communicator's board: ``all_equal`` is the agreement step for its ``size`` ranks.
 
-    ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed; ``sync``: the memory barrier that orders its stores and loads across ranks
-    (``Win.Sync``); ``window``: the MPI window that owns ``memory``, retired on close."""
+    ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed;
+    ``sync``: the memory barrier that orders its stores and loads across ranks (``Win.Sync``);
+    ``window``: the MPI window that owns ``memory``, retired on close."""
 
     def __init__(
-        self, memory: Any, rank: int, size: int, crowded: bool = False,
-        sync: Optional[Callable[[], Any]] = None, window: Any = None,
+        self,
+        memory: Any,
+        rank: int,
+        size: int,
+        crowded: bool = False,
+        sync: Optional[Callable[[], Any]] = None,
+        window: Any = None,
     ) -> None:
         self.rank = rank
         self.size = size

@@ -117,7 +117,10 @@ def _v2_limit(directory: str) -> Optional[float]:
 
 def _v1_limit(directory: str) -> Optional[float]:
     """``cpu.cfs_quota_us`` is -1 when unlimited."""
-    quota, period = _read(os.path.join(directory, "cpu.cfs_quota_us")), _read(os.path.join(directory, "cpu.cfs_period_us"))
+    quota, period = (
+        _read(os.path.join(directory, "cpu.cfs_quota_us")),
+        _read(os.path.join(directory, "cpu.cfs_period_us")),
+    )
     if quota is None or period is None:
         return None
     return _cores(quota, period)

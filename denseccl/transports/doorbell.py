@@ -1,15 +1,15 @@
 """Doorbells: how ranks that share cores wait for each other without polling.
 
 When a host's ranks cannot each have a core of their own (cores.py), a rank that polls while
-it waits burns the time its peer needs; yielding does not help much either: the scheduler
-(CFS, EEVDF) runs a yielding task again as long as it has used less than its fair share,
-so a waiter keeps polling for about as long as its peer worked. A waiter that sleeps hands
-the core over at once. So a crowded wait, once a short burst of polls has failed, raises its
-``asleep`` flag, tests once more, and sleeps on its doorbell (a futex in an MPI shared
-window, with a short timeout); a rank rings the doorbells of sleeping peers before it sleeps
-itself, after it posts an agreement and when one of its waits ends: whatever a peer waits
-for was made by one of those steps. A wake-up that is missed costs at most the nap
-(:data:`NAP_SECONDS`), never a hang: every sleep times out and tests again.
+it waits burns the time its peer needs. A crowded wait first yields the core after each short
+burst of polls (base.wait_until): the peer that shares the core runs at once, and a small
+call completes within a few turns. A wait that lasts longer (a slow or stalled peer) must not
+keep the core busy with yields, so it raises its ``asleep`` flag, tests once more, and sleeps
+on its doorbell (a futex in an MPI shared window, with a short timeout); a rank rings the
+doorbells of sleeping peers before it sleeps itself, after it posts an agreement and when one
+of its waits ends: whatever a peer waits for was made by one of those steps. A wake-up that is
+missed costs at most the nap (:data:`NAP_SECONDS`), never a hang: every sleep times out and
+tests again.
 
 Linux futexes through ``syscall(2)``, on the processors listed in :data:`FUTEX_SYSCALL`;
 elsewhere (and where the MPI library cannot make a shared window) there are no doorbells and
@@ -25,8 +25,17 @@ from typing import Any, Callable, List, Optional
 
 #: the futex system call's number per processor (Linux)
 FUTEX_SYSCALL = {
-    "x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
-    "ppc64le": 221, "ppc64": 221, "s390x": 238, "i686": 240, "i386": 240, "armv7l": 240,
+    "x86_64": 202,
+    "amd64": 202,
+    "aarch64": 98,
+    "arm64": 98,
+    "riscv64": 98,
+    "ppc64le": 221,
+    "ppc64": 221,
+    "s390x": 238,
+    "i686": 240,
+    "i386": 240,
+    "armv7l": 240,
 }
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not the _PRIVATE variants
 #: the longest a sleeping waiter goes without testing again
@@ -61,7 +70,16 @@ class Doorbells:
     (``size * WORDS`` 32-bit words, zeroed); ``sync``: the memory barrier between raising a
     flag and testing (``Win.Sync``)."""
 
-    def __init__(self, memory: Any, address: int, rank: int, size: int, futex: Callable[..., int], sync: Callable[[], Any], window: Any = None) -> None:
+    def __init__(
+        self,
+        memory: Any,
+        address: int,
+        rank: int,
+        size: int,
+        futex: Callable[..., int],
+        sync: Callable[[], Any],
+        window: Any = None,
+    ) -> None:
         self.rank = rank
         self.size = size
         self._words = memoryview(memory).cast("B").cast("i")

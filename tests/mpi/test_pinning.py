@@ -25,7 +25,9 @@ ENV = {"DENSECCL_TIMEOUT": "30"}
 
 
 def needs_cores(count: int):  # type: ignore[no-untyped-def]
-    return pytest.mark.skipif(len(CORES) < count or shutil.which("taskset") is None, reason=f"needs {count} cores and taskset")
+    return pytest.mark.skipif(
+        len(CORES) < count or shutil.which("taskset") is None, reason=f"needs {count} cores and taskset"
+    )
 
 
 @needs_cores(1)
@@ -39,7 +41,9 @@ def test_ranks_under_taskset_on_one_core_are_crowded(nranks: int) -> None:
 @pytest.mark.parametrize("shared_agreement", ["1", "0"], ids=["board", "mpi-allreduce"])
 def test_ranks_pinned_to_one_core_each_are_not_crowded(shared_agreement: str) -> None:
     masks = f"{CORES[0]}/{CORES[1]}"
-    done = run_ranks(2, SCRIPT, ["0", "0", masks], timeout=90, env={**ENV, "DENSECCL_SHARED_AGREEMENT": shared_agreement})
+    done = run_ranks(
+        2, SCRIPT, ["0", "0", masks], timeout=90, env={**ENV, "DENSECCL_SHARED_AGREEMENT": shared_agreement}
+    )
     expect_summaries(done.stdout, "pinning", 2)
 
 
@@ -60,10 +64,19 @@ def test_per_rank_masks_are_exchanged(masks: str, crowded: bool) -> None:
 
 
 def test_the_wait_setting_overrides_detection() -> None:
-    done = run_ranks(2, SCRIPT, ["1", "0"], timeout=90, env={**ENV, "DENSECCL_WAIT": "spin"}, launcher=["taskset", "-c", str(CORES[0])])
+    done = run_ranks(
+        2,
+        SCRIPT,
+        ["1", "0"],
+        timeout=90,
+        env={**ENV, "DENSECCL_WAIT": "spin"},
+        launcher=["taskset", "-c", str(CORES[0])],
+    )
     expect_summaries(done.stdout, "pinning", 2)
     if len(CORES) >= 2:
-        done = run_ranks(2, SCRIPT, ["0", "1", f"{CORES[0]}/{CORES[1]}"], timeout=90, env={**ENV, "DENSECCL_WAIT": "yield"})
+        done = run_ranks(
+            2, SCRIPT, ["0", "1", f"{CORES[0]}/{CORES[1]}"], timeout=90, env={**ENV, "DENSECCL_WAIT": "yield"}
+        )
         expect_summaries(done.stdout, "pinning", 2)
 
 
@@ -84,10 +97,14 @@ def test_ranks_in_a_cgroup_with_a_one_core_quota_are_crowded() -> None:
         start, needs = launch(mpiexec(), 2)
         environment.update(needs)
         command = [*start, sys.executable, str(SCRIPT), "1", "1"]
-        enter = f"echo $$ > {group / 'cgroup.procs'} && exec \"$@\""
+        enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
         process = subprocess.Popen(
-            ["sh", "-c", enter, "sh", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=environment, start_new_session=True,
+            ["sh", "-c", enter, "sh", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            start_new_session=True,
         )
         try:
             stdout, stderr = process.communicate(timeout=120)

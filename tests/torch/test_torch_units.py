@@ -72,7 +72,13 @@ def test_core_api_takes_torch_and_mpi4py_ops():
     from denseccl.ops import ReduceOp, as_op
 
     R = dist.ReduceOp
-    for given, want in ((R.SUM, ReduceOp.SUM), (R.PRODUCT, ReduceOp.PRODUCT), (R.MIN, ReduceOp.MIN), (R.MAX, ReduceOp.MAX), (R.AVG, ReduceOp.AVG)):
+    for given, want in (
+        (R.SUM, ReduceOp.SUM),
+        (R.PRODUCT, ReduceOp.PRODUCT),
+        (R.MIN, ReduceOp.MIN),
+        (R.MAX, ReduceOp.MAX),
+        (R.AVG, ReduceOp.AVG),
+    ):
         assert as_op(given) == want
     assert as_op(dist._make_nccl_premul_sum(0.5)) == denseccl.PreMulSum(0.5)
     for bad in (R.BAND, R.BOR, R.BXOR):
@@ -80,7 +86,12 @@ def test_core_api_takes_torch_and_mpi4py_ops():
             as_op(bad)
         assert isinstance(info.value, ValueError) and not isinstance(info.value, denseccl.LayoutError)
     MPI = pytest.importorskip("mpi4py.MPI")
-    for given, want in ((MPI.SUM, ReduceOp.SUM), (MPI.PROD, ReduceOp.PRODUCT), (MPI.MIN, ReduceOp.MIN), (MPI.MAX, ReduceOp.MAX)):
+    for given, want in (
+        (MPI.SUM, ReduceOp.SUM),
+        (MPI.PROD, ReduceOp.PRODUCT),
+        (MPI.MIN, ReduceOp.MIN),
+        (MPI.MAX, ReduceOp.MAX),
+    ):
         assert as_op(given) == want
     for bad, name in ((MPI.LAND, "LAND"), (MPI.BXOR, "BXOR"), (MPI.MAXLOC, "MAXLOC")):
         with pytest.raises(denseccl.OpError, match=f"MPI.{name} is not supported.*MPI.SUM, MPI.PROD, MPI.MIN"):
@@ -92,7 +103,14 @@ def test_core_api_takes_torch_and_mpi4py_ops():
 def test_group_without_mpi_launch_whose_peer_never_joins_times_out(monkeypatch):
     """Without an MPI launcher CPU tensors move over the gloo engine, made from the group's
     store; a peer that never joins makes its creation raise within the timeout."""
-    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+    for name in (
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "MPI_LOCALNRANKS",
+    ):
         monkeypatch.delenv(name, raising=False)
     started = time.monotonic()
     with pytest.raises(denseccl.CollectiveTimeoutError, match="never joined"):
@@ -101,7 +119,14 @@ def test_group_without_mpi_launch_whose_peer_never_joins_times_out(monkeypatch):
 
 
 def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(monkeypatch):
-    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+    for name in (
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "MPI_LOCALNRANKS",
+    ):
         monkeypatch.delenv(name, raising=False)
     pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
     assert pg.getBackendName() == "denseccl" and pg.size() == 1 and pg.host_communicator.backend == "gloo"
@@ -144,7 +169,9 @@ def test_stacked_view_and_whether_dim_0_is_outermost():
     view = _tensors.stacked_view(concat, (2, 4), size, "out")
     assert view.shape == (3, 2, 4) and view.data_ptr() == concat.data_ptr()
     assert _tensors.is_stacked(view, size)
-    assert _tensors.is_stacked(_tensors.stacked_view(torch.empty(6, 3, 4, 5).to(memory_format=CL), (2, 3, 4, 5), size, "out"), size)
+    assert _tensors.is_stacked(
+        _tensors.stacked_view(torch.empty(6, 3, 4, 5).to(memory_format=CL), (2, 3, 4, 5), size, "out"), size
+    )
     transposed = _tensors.stacked_view(torch.empty(4, 6).t(), (2, 4), size, "out")
     assert not _tensors.is_stacked(transposed, size)
     stack = _tensors.staging_stack(transposed, size)
@@ -407,7 +434,6 @@ def test_dataparallel_without_gpus_runs_the_module_like_nn_dataparallel():
     assert isinstance(ours, nn.DataParallel) and ours.module is model
     ours(x).sum().backward()
     assert dt.grad_layout_violations(model) == []
-
 
 
 def test_timeouts_take_timedelta_or_seconds_everywhere():

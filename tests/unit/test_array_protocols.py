@@ -42,9 +42,13 @@ def test_array_interface_with_a_null_pointer() -> None:
 
 
 def test_array_interface_that_is_malformed() -> None:
-    rejected(ArrayInterface(interface={"typestr": "<f8", "data": (1, False)}), "__array_interface__", "malformed", "KeyError")
+    rejected(
+        ArrayInterface(interface={"typestr": "<f8", "data": (1, False)}), "__array_interface__", "malformed", "KeyError"
+    )
     rejected(ArrayInterface(interface={"shape": (2,), "typestr": "<f8", "data": ("x", False)}), "malformed")
-    rejected(ArrayInterface(interface={"shape": (2,), "typestr": "nonsense", "data": None, "version": 3}), "refused by NumPy")
+    rejected(
+        ArrayInterface(interface={"shape": (2,), "typestr": "nonsense", "data": None, "version": 3}), "refused by NumPy"
+    )
 
 
 def test_empty_array_interface_with_a_null_pointer_is_an_empty_array() -> None:
@@ -78,7 +82,11 @@ def test_cuda_pointer_cuda_cannot_place(monkeypatch: pytest.MonkeyPatch) -> None
         raise RuntimeError("cudaErrorInvalidValue")
 
     monkeypatch.setattr(denseccl.arrays, "_cuda_device_of_pointer", unknown)
-    rejected(CudaInterface({"shape": (2,), "typestr": "<f4", "data": (4096, False), "version": 3}), "0x1000", "cudaErrorInvalidValue")
+    rejected(
+        CudaInterface({"shape": (2,), "typestr": "<f4", "data": (4096, False), "version": 3}),
+        "0x1000",
+        "cudaErrorInvalidValue",
+    )
 
 
 def test_dlpack_that_raises() -> None:

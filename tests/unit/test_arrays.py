@@ -131,7 +131,13 @@ def test_torch_tensors(make):
 
 @pytest.mark.parametrize(
     "dtype, name",
-    [("bfloat16", "bfloat16"), ("float16", "float16"), ("uint16", "uint16"), ("float8_e4m3fn", "float8_e4m3fn"), ("bool", "bool")],
+    [
+        ("bfloat16", "bfloat16"),
+        ("float16", "float16"),
+        ("uint16", "uint16"),
+        ("float8_e4m3fn", "float8_e4m3fn"),
+        ("bool", "bool"),
+    ],
 )
 def test_torch_dtype_names(dtype, name):
     assert denseccl.layout_of(torch.zeros(3, dtype=getattr(torch, dtype))).dtype == name

@@ -59,13 +59,21 @@ def write(root: Path, files: dict) -> Path:
 
 def mountinfo(*mounts: tuple) -> str:
     """mountinfo lines for ``(root, mount point, fstype, super options)``."""
-    return "".join(f"{30 + i} 1 0:{40 + i} {root} {point} rw,relatime - {fstype} {fstype} {options}\n" for i, (root, point, fstype, options) in enumerate(mounts))
+    return "".join(
+        f"{30 + i} 1 0:{40 + i} {root} {point} rw,relatime - {fstype} {fstype} {options}\n"
+        for i, (root, point, fstype, options) in enumerate(mounts)
+    )
 
 
 def test_cgroup_v2_takes_the_tightest_limit_of_the_cgroup_and_its_parents(tmp_path: Path) -> None:
     fs = tmp_path / "cgroup2"
-    write(fs, {"job/cpu.max": "300000 100000\n", "job/step/cpu.max": "max 100000\n", "job/step/rank/cpu.max": "max 100000\n"})
-    proc = write(tmp_path / "proc", {"cgroup": "0::/job/step/rank\n", "mountinfo": mountinfo(("/", str(fs), "cgroup2", "rw"))})
+    write(
+        fs,
+        {"job/cpu.max": "300000 100000\n", "job/step/cpu.max": "max 100000\n", "job/step/rank/cpu.max": "max 100000\n"},
+    )
+    proc = write(
+        tmp_path / "proc", {"cgroup": "0::/job/step/rank\n", "mountinfo": mountinfo(("/", str(fs), "cgroup2", "rw"))}
+    )
     where, limit = cores.cgroup_limit(str(proc))
     assert limit == 3.0 and where == str(fs / "job")
     write(fs, {"job/step/cpu.max": "150000 100000\n"})
@@ -80,14 +88,26 @@ def test_cgroup_v2_without_a_limit(tmp_path: Path) -> None:
 
 def test_cgroup_v1_beside_v2_and_a_container_mount_root(tmp_path: Path) -> None:
     cpu = tmp_path / "cpu"
-    write(cpu, {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n",
-                "inner/cpu.cfs_quota_us": "50000\n", "inner/cpu.cfs_period_us": "100000\n"})
+    write(
+        cpu,
+        {
+            "cpu.cfs_quota_us": "-1\n",
+            "cpu.cfs_period_us": "100000\n",
+            "inner/cpu.cfs_quota_us": "50000\n",
+            "inner/cpu.cfs_period_us": "100000\n",
+        },
+    )
     unified = write(tmp_path / "unified", {})
-    proc = write(tmp_path / "proc", {
-        "cgroup": "9:name=systemd:/\n4:memory:/x\n1:cpu,cpuacct:/docker/abc/inner\n0::/\n",
-        # the container sees its own cgroup /docker/abc as the mount's root
-        "mountinfo": mountinfo(("/", str(unified), "cgroup2", "rw"), ("/docker/abc", str(cpu), "cgroup", "rw,cpu,cpuacct")),
-    })
+    proc = write(
+        tmp_path / "proc",
+        {
+            "cgroup": "9:name=systemd:/\n4:memory:/x\n1:cpu,cpuacct:/docker/abc/inner\n0::/\n",
+            # the container sees its own cgroup /docker/abc as the mount's root
+            "mountinfo": mountinfo(
+                ("/", str(unified), "cgroup2", "rw"), ("/docker/abc", str(cpu), "cgroup", "rw,cpu,cpuacct")
+            ),
+        },
+    )
     assert cores.cgroup_limit(str(proc)) == (str(cpu / "inner"), 0.5)
 
 
@@ -121,7 +141,10 @@ def test_waiting_yields_at_once_when_crowded_and_stays_so(monkeypatch: pytest.Mo
     assert waiting.crowded is True
 
 
-@pytest.mark.parametrize("word, detected, crowded", [("spin", True, False), ("yield", False, True), ("auto", True, True), ("AUTO", False, False)])
+@pytest.mark.parametrize(
+    "word, detected, crowded",
+    [("spin", True, False), ("yield", False, True), ("auto", True, True), ("AUTO", False, False)],
+)
 def test_the_wait_setting(monkeypatch: pytest.MonkeyPatch, word: str, detected: bool, crowded: bool) -> None:
     monkeypatch.setenv("DENSECCL_WAIT", word)
     waiting = Waiting()

@@ -44,7 +44,9 @@ def main() -> None:
     comm = denseccl.init(backend="mpi", timeout=20)
     rank, deviant = comm.rank, comm.size - 1
     # the object's own error becomes a LayoutError naming it (tests/mpi/test_protocol_errors.py)
-    expect(lambda: comm.allreduce(Unreadable() if rank == deviant else np.zeros(3)), rank, deviant, denseccl.LayoutError)
+    expect(
+        lambda: comm.allreduce(Unreadable() if rank == deviant else np.zeros(3)), rank, deviant, denseccl.LayoutError
+    )
     usable(comm)
     expect(lambda: comm.split(-1 if rank == deviant else 0), rank, deviant, denseccl.LayoutError)
     usable(comm)

@@ -10,7 +10,8 @@ before MPI starts (what ``taskset`` or Slurm's ``--cpu-bind`` would do to it, pe
 
 Checks, on every rank: the communicator's control channel, its board (when it has one) and a
 split of it say crowded exactly when expected, the wait policy gives the core up when expected, and
-crowded ranks sleep on doorbells; the board's
+crowded ranks sleep on doorbells (a rank waiting for a late peer uses well under half of the
+time on its CPU); the board's
 page is not a file of ours (no ``denseccl`` mapping in /proc/self/maps); a few allreduces on
 the plan path and the full path give the NumPy sum of every rank's input.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 expect_crowded, expect_yielding = sys.argv[1] == "1", sys.argv[2] == "1"
 if len(sys.argv) > 3:
@@ -37,10 +39,22 @@ comm = denseccl.init("mpi")
 rank, size = comm.rank, comm.size
 checker = Checker("pinning", rank, size)
 control = comm.control
-checker.check(control.crowded is expect_crowded, f"control.crowded is {control.crowded}, expected {expect_crowded} (affinity {sorted(os.sched_getaffinity(0))})")
-checker.check(WAITING.crowded is expect_yielding, f"the wait policy says crowded={WAITING.crowded}, expected {expect_yielding}")
-if expect_crowded and expect_yielding and futex_call() is not None and os.environ.get("DENSECCL_WAIT", "auto") == "auto":
-    checker.check(WAITING.doorbells is not None and WAITING.doorbells.size == size, "crowded ranks have no doorbells to sleep on")
+checker.check(
+    control.crowded is expect_crowded,
+    f"control.crowded is {control.crowded}, expected {expect_crowded} (affinity {sorted(os.sched_getaffinity(0))})",
+)
+checker.check(
+    WAITING.crowded is expect_yielding, f"the wait policy says crowded={WAITING.crowded}, expected {expect_yielding}"
+)
+if (
+    expect_crowded
+    and expect_yielding
+    and futex_call() is not None
+    and os.environ.get("DENSECCL_WAIT", "auto") == "auto"
+):
+    checker.check(
+        WAITING.doorbells is not None and WAITING.doorbells.size == size, "crowded ranks have no doorbells to sleep on"
+    )
 if not expect_crowded or os.environ.get("DENSECCL_WAIT", "auto") != "auto":
     checker.check(WAITING.doorbells is None, "doorbells on a host whose ranks have a core each")
 if control.board is not None:
@@ -60,6 +74,23 @@ for group in (comm, sub):
     y = np.full((3, 4), float(group.rank), np.float64).T  # the full path
     got = group.allreduce(y, op="max")
     checker.check(got is y and np.array_equal(y, np.full((4, 3), float(group.size - 1))), "wrong max")
+
+# A crowded rank whose peer comes late sleeps on its doorbell after a few yields: its core is
+# free for the peer (and anything else) while it waits, instead of spinning through yields.
+if WAITING.doorbells is not None:
+    x = np.ones(1024, np.float32)
+    comm.allreduce(x)  # the plan exists: the next call is a replay
+    late = 1.0
+    if rank == size - 1:
+        time.sleep(late)
+    began_cpu, began = time.process_time(), time.monotonic()
+    x[:] = rank + 1
+    comm.allreduce(x)
+    used, waited = time.process_time() - began_cpu, time.monotonic() - began
+    checker.check(np.array_equal(x, np.full(1024, size * (size + 1) / 2, np.float32)), f"late peer: wrong sum {x[:3]}")
+    if rank != size - 1:
+        checker.check(used < 0.5 * waited, f"waiting {waited:.2f} s for a late peer took {used:.2f} s of CPU")
+
 sub.close()
 comm.close()
 checker.finish()

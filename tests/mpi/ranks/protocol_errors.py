@@ -52,7 +52,10 @@ for round_ in range(2):
                 except denseccl.LayoutError as error:
                     checker.check(rank == culprit, f"{where}: a LayoutError on a good rank: {error}")
                     text = str(error)
-                    checker.check(type(x).__qualname__ in text and kind.split()[1] in text, f"{where}: the error does not name the object and protocol: {text}")
+                    checker.check(
+                        type(x).__qualname__ in text and kind.split()[1] in text,
+                        f"{where}: the error does not name the object and protocol: {text}",
+                    )
                 except denseccl.MismatchError as error:
                     checker.check(rank != culprit, f"{where}: MismatchError on the culprit: {error}")
                     checker.check("mismatch" in str(error), f"{where}: {error}")
@@ -64,6 +67,8 @@ for round_ in range(2):
                 checker.check(comm.broken is None, f"{where}: the communicator broke: {comm.broken}")
                 good = np.full(4, float(rank + 1))
                 comm.allreduce(good)
-                checker.check(np.array_equal(good, np.full(4, size * (size + 1) / 2)), f"after {where}: wrong sum {good}")
+                checker.check(
+                    np.array_equal(good, np.full(4, size * (size + 1) / 2)), f"after {where}: wrong sum {good}"
+                )
 comm.close()
 checker.finish()

@@ -38,12 +38,17 @@ def case(what: str, wrong: int, bad, good, *, asynchronous: bool = False) -> Non
     """``bad()`` on rank ``wrong``, ``good()`` on the others; all must raise."""
     if rank == wrong:
         error = check.raises(f"{what}: the wrong rank raises", Exception, bad)
-        check.true(f"{what}: the wrong rank's error is its own ({type(error).__name__}: {error})", not isinstance(error, denseccl.MismatchError))
+        check.true(
+            f"{what}: the wrong rank's error is its own ({type(error).__name__}: {error})",
+            not isinstance(error, denseccl.MismatchError),
+        )
     else:
+
         def run():
             work = good()
             if asynchronous:
                 work.wait()
+
         error = check.raises(f"{what}: a peer raises MismatchError", denseccl.MismatchError, run, "mismatch")
     good_after(what)
 
@@ -51,9 +56,20 @@ def case(what: str, wrong: int, bad, good, *, asynchronous: bool = False) -> Non
 for wrong in (size - 1, 0):
     t = lambda: torch.ones(4, dtype=torch.int32)  # noqa: E731
     case("ReduceOp.BAND", wrong, lambda: dist.all_reduce(t(), op=R.BAND), lambda: dist.all_reduce(t()))
-    case("ReduceOp.BAND vs async all_reduce", wrong, lambda: dist.all_reduce(t(), op=R.BXOR), lambda: dist.all_reduce(t(), async_op=True), asynchronous=True)
+    case(
+        "ReduceOp.BAND vs async all_reduce",
+        wrong,
+        lambda: dist.all_reduce(t(), op=R.BXOR),
+        lambda: dist.all_reduce(t(), async_op=True),
+        asynchronous=True,
+    )
     case("meta tensor", wrong, lambda: dist.all_reduce(meta(3, 4)), lambda: dist.all_reduce(torch.ones(3, 4)))
-    case("meta tensor in broadcast", wrong, lambda: dist.broadcast(meta(5), src=0), lambda: dist.broadcast(torch.ones(5), src=0))
+    case(
+        "meta tensor in broadcast",
+        wrong,
+        lambda: dist.broadcast(meta(5), src=0),
+        lambda: dist.broadcast(torch.ones(5), src=0),
+    )
     case(
         "mixed devices in one all_reduce_coalesced",
         wrong,
@@ -94,7 +110,9 @@ for wrong in (size - 1, 0):
     case(
         "all_to_all with a meta tensor",
         wrong,
-        lambda: dist.all_to_all([torch.empty(1) for _ in range(size)], [meta(1)] + [torch.ones(1) for _ in range(size - 1)]),
+        lambda: dist.all_to_all(
+            [torch.empty(1) for _ in range(size)], [meta(1)] + [torch.ones(1) for _ in range(size - 1)]
+        ),
         lambda: dist.all_to_all([torch.empty(1) for _ in range(size)], [torch.ones(1) for _ in range(size)]),
     )
     if wrong == 0:  # the scatter root
@@ -108,7 +126,12 @@ for wrong in (size - 1, 0):
 # the all-to-all split check: locally valid splits that do not pair (rank 0 expects 2 rows from
 # itself and none from rank 1); every rank sees the same split matrices and raises
 receive = [2, 0] + [1] * (size - 2) if rank == 0 else [1] * size
-check.raises("all_to_all_single splits that do not pair", denseccl.MismatchError, lambda: dist.all_to_all_single(torch.empty(size), torch.ones(size), receive, [1] * size), "mismatch")
+check.raises(
+    "all_to_all_single splits that do not pair",
+    denseccl.MismatchError,
+    lambda: dist.all_to_all_single(torch.empty(size), torch.ones(size), receive, [1] * size),
+    "mismatch",
+)
 good_after("unpaired all-to-all splits")
 
 dist.destroy_process_group()

@@ -70,7 +70,11 @@ def ref(op, inputs):
 
 # -- all_reduce: every layout, op, sync and async ------------------------------------------------
 for layout in LAYOUTS:
-    for dtype, ops in ((F32, ("sum", "prod", "min", "max", "avg", "premul")), (F64, ("sum",)), (I32, ("sum", "max", "avg"))):
+    for dtype, ops in (
+        (F32, ("sum", "prod", "min", "max", "avg", "premul")),
+        (F64, ("sum",)),
+        (I32, ("sum", "max", "avg")),
+    ):
         for op in ops:
             seed = next(seeds)
             x = make(layout, dtype, seed, rank)
@@ -83,7 +87,13 @@ for layout in LAYOUTS:
                     check.true(f"is_completed after future, {layout}", work.is_completed())
                 else:
                     work.wait()
-            check.equal(f"all_reduce {op} {dtype} {layout}", x, ref(op, everyone(seed, layout, dtype)), strides=strides, tol=1e-5)
+            check.equal(
+                f"all_reduce {op} {dtype} {layout}",
+                x,
+                ref(op, everyone(seed, layout, dtype)),
+                strides=strides,
+                tol=1e-5,
+            )
 
 # a future's value and then-callbacks
 seed = next(seeds)
@@ -205,7 +215,10 @@ check.equal("reduce_scatter list", out, torch.stack([pieces[r][rank] for r in ra
 
 # -- coalesced: all_reduce_coalesced and the coalescing manager ------------------------------
 seed = next(seeds)
-tensors = [make(layout, dtype, seed + k, rank) for k, (layout, dtype) in enumerate((("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))]
+tensors = [
+    make(layout, dtype, seed + k, rank)
+    for k, (layout, dtype) in enumerate((("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))
+]
 strides = [t.stride() for t in tensors]
 import denseccl.flow as communicator_module  # noqa: E402 - counts the agreement steps below
 
@@ -219,9 +232,15 @@ try:
     manager.wait()
 finally:
     communicator_module.digest = real_agree
-check.true(f"one agreement step covers a coalesced all_reduce (two buckets): {agreed}", agreed == ["allreduce_coalesced"])
-for k, (t, (layout, dtype)) in enumerate(zip(tensors, (("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))):
-    check.equal(f"coalesced all_reduce {layout}", t, ref("sum", everyone(seed + k, layout, dtype)), strides=strides[k], tol=1e-5)
+check.true(
+    f"one agreement step covers a coalesced all_reduce (two buckets): {agreed}", agreed == ["allreduce_coalesced"]
+)
+for k, (t, (layout, dtype)) in enumerate(
+    zip(tensors, (("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))
+):
+    check.equal(
+        f"coalesced all_reduce {layout}", t, ref("sum", everyone(seed + k, layout, dtype)), strides=strides[k], tol=1e-5
+    )
 seed = next(seeds)
 pairs = []
 with dist._coalescing_manager():
@@ -246,32 +265,73 @@ for out, s in pairs:
 
 # -- errors: gapped tensors and layouts that differ across ranks ----------------------------
 gapped = torch.arange(10.0)[::2]
-check.raises("gapped tensor on every rank", denseccl.LayoutError, lambda: dist.all_reduce(gapped), "not non-overlapping and dense")
+check.raises(
+    "gapped tensor on every rank",
+    denseccl.LayoutError,
+    lambda: dist.all_reduce(gapped),
+    "not non-overlapping and dense",
+)
 x = torch.ones(6)[::2] if rank == 0 else torch.ones(3)
-error = check.raises("gapped tensor on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: dist.all_reduce(x))
-check.true(f"rank 0 gets LayoutError, others MismatchError ({type(error).__name__})", isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError))
+error = check.raises(
+    "gapped tensor on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: dist.all_reduce(x)
+)
+check.true(
+    f"rank 0 gets LayoutError, others MismatchError ({type(error).__name__})",
+    isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError),
+)
 x = make("row-major" if rank == 0 else "transposed", F32, 99, rank)
 kept = x.clone()
 check.raises("layout mismatch all_reduce", denseccl.MismatchError, lambda: dist.all_reduce(x), "mismatch")
 check.equal("mismatch leaves the tensor", x, kept)
 inp = like(torch.empty(2, 3) if rank == 0 else torch.empty(3, 2).t(), values(5, rank, (2, 3), F32))
 out = torch.full((2 * size, 3), -1.0)
-check.raises("layout mismatch all_gather_into_tensor", denseccl.MismatchError, lambda: dist.all_gather_into_tensor(out, inp), "mismatch")
+check.raises(
+    "layout mismatch all_gather_into_tensor",
+    denseccl.MismatchError,
+    lambda: dist.all_gather_into_tensor(out, inp),
+    "mismatch",
+)
 check.true("mismatch leaves the output", bool((out == -1).all()))
 inp = like(torch.empty(2 * size, 3) if rank == 0 else torch.empty(3, 2 * size).t(), values(6, rank, (2 * size, 3), F32))
 out = torch.full((2, 3), -1.0)
-check.raises("layout mismatch reduce_scatter_tensor", denseccl.MismatchError, lambda: dist.reduce_scatter_tensor(out, inp), "mismatch")
+check.raises(
+    "layout mismatch reduce_scatter_tensor",
+    denseccl.MismatchError,
+    lambda: dist.reduce_scatter_tensor(out, inp),
+    "mismatch",
+)
 check.true("mismatch leaves the reduce_scatter output", bool((out == -1).all()))
 pair = [make("channels-last", F32, 8, rank), make("row-major" if rank == 0 else "transposed", F32, 9, rank)]
 kept = [t.clone() for t in pair]
-check.raises("layout mismatch in all_reduce_coalesced", denseccl.MismatchError, lambda: pg.allreduce_coalesced(pair).wait(), "mismatch")
+check.raises(
+    "layout mismatch in all_reduce_coalesced",
+    denseccl.MismatchError,
+    lambda: pg.allreduce_coalesced(pair).wait(),
+    "mismatch",
+)
 check.true("coalesced mismatch leaves the tensors", all(torch.equal(a, b) for a, b in zip(pair, kept)))
 pair = [torch.ones(4), torch.ones(8)[::2] if rank == 0 else torch.ones(4)]
-error = check.raises("gapped tensor in all_reduce_coalesced on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: pg.allreduce_coalesced(pair).wait())
-check.true(f"coalesced: rank 0 LayoutError, others MismatchError ({type(error).__name__})", isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError))
-check.raises("unsupported op", denseccl.OpError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND), "not supported")
+error = check.raises(
+    "gapped tensor in all_reduce_coalesced on rank 0",
+    (denseccl.LayoutError, denseccl.MismatchError),
+    lambda: pg.allreduce_coalesced(pair).wait(),
+)
+check.true(
+    f"coalesced: rank 0 LayoutError, others MismatchError ({type(error).__name__})",
+    isinstance(error, denseccl.LayoutError if rank == 0 else denseccl.MismatchError),
+)
+check.raises(
+    "unsupported op",
+    denseccl.OpError,
+    lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
+    "not supported",
+)
 outs = [torch.empty(2) for _ in range(size)] if rank else [torch.empty(3) for _ in range(size)]
-check.raises("all_gather list with wrong shapes on rank 0", (denseccl.LayoutError, denseccl.MismatchError), lambda: dist.all_gather(outs, torch.ones(2)))
+check.raises(
+    "all_gather list with wrong shapes on rank 0",
+    (denseccl.LayoutError, denseccl.MismatchError),
+    lambda: dist.all_gather(outs, torch.ones(2)),
+)
 # the group is still usable
 x = make("channels-last", F32, 7, rank)
 dist.all_reduce(x)

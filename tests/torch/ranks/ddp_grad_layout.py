@@ -30,7 +30,11 @@ torch.set_num_threads(1)
 
 CL, RM = torch.channels_last, torch.contiguous_format
 FORMATS = {"contiguous": [RM] * 4, "mixed": [CL, CL, RM, RM], "channels-last": [CL] * 4}
-DTYPES = {"float32": [torch.float32] * 4, "mixed": [torch.float32, torch.float32, torch.float64, torch.float64], "float64": [torch.float64] * 4}
+DTYPES = {
+    "float32": [torch.float32] * 4,
+    "mixed": [torch.float32, torch.float32, torch.float64, torch.float64],
+    "float64": [torch.float64] * 4,
+}
 
 
 class ConvNet(nn.Module):
@@ -70,7 +74,9 @@ target = torch.randn(local * size, 8, 4, 4, generator=generator)
 mine = slice(rank * local, (rank + 1) * local)
 started = time.monotonic()
 configs = 0
-for (fname, formats), (dname, dtypes), bucket_mb, as_view in itertools.product(FORMATS.items(), DTYPES.items(), (1e-6, 25), (False, True)):
+for (fname, formats), (dname, dtypes), bucket_mb, as_view in itertools.product(
+    FORMATS.items(), DTYPES.items(), (1e-6, 25), (False, True)
+):
     name = f"formats={fname} dtypes={dname} bucket_cap_mb={bucket_mb} gradient_as_bucket_view={as_view}"
     torch.manual_seed(7)
     model = ConvNet(formats, dtypes)
@@ -85,7 +91,10 @@ for (fname, formats), (dname, dtypes), bucket_mb, as_view in itertools.product(F
         for (pname, p), p_ddp in zip(model.named_parameters(), ddp.module.parameters()):
             where = f"{name} iteration {it} {pname}"
             check.equal(f"grad {where}", p_ddp.grad, p.grad, tol=tol)
-            check.true(f"grad strides {p_ddp.grad.stride()} != param strides {p_ddp.stride()}: {where}", key(p_ddp.grad) == key(p_ddp))
+            check.true(
+                f"grad strides {p_ddp.grad.stride()} != param strides {p_ddp.stride()}: {where}",
+                key(p_ddp.grad) == key(p_ddp),
+            )
             check.true(f"reference grad strides: {where}", key(p.grad) == key(p))
         check.true(f"no contract violations: {name} iteration {it}", not dt.grad_layout_violations(ddp.module))
         opt.step()

@@ -44,7 +44,9 @@ port = free_port()
 error = check.raises(
     "torch rank != MPI rank",
     denseccl.DenseCCLError,
-    lambda: dist.init_process_group("denseccl", init_method=f"tcp://127.0.0.1:{port}", rank=size - 1 - rank, world_size=size),
+    lambda: dist.init_process_group(
+        "denseccl", init_method=f"tcp://127.0.0.1:{port}", rank=size - 1 - rank, world_size=size
+    ),
     "mpi rank",
 )
 print(f"rank {rank}: {error}", flush=True)

@@ -21,7 +21,10 @@ def data(seed: int, r: int, shape, dtype) -> np.ndarray:
 
 
 def equal(what, got, want, tol=1e-6):
-    check.true(f"{what}: got {got} want {want}", got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol))
+    check.true(
+        f"{what}: got {got} want {want}",
+        got.shape == want.shape and np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol),
+    )
 
 
 layouts = {
@@ -31,14 +34,25 @@ layouts = {
     "permuted": lambda a: np.ascontiguousarray(a.transpose(2, 0, 1)).transpose(1, 2, 0),
 }
 for seed, (name, make) in enumerate(layouts.items()):
-    for dtype, ops in ((np.float32, ("sum", "prod", "min", "max", "avg")), (np.int32, ("sum", "avg")), (np.float16, ("sum",)), (np.bool_, ("sum", "prod"))):
+    for dtype, ops in (
+        (np.float32, ("sum", "prod", "min", "max", "avg")),
+        (np.int32, ("sum", "avg")),
+        (np.float16, ("sum",)),
+        (np.bool_, ("sum", "prod")),
+    ):
         for op in ops:
             shape = (3, 4, 2)
             x = make(data(seed, rank, shape, dtype))
             strides = x.strides
             comm.allreduce(x, op)
             stack = np.stack([data(seed, r, shape, dtype).astype(np.float64) for r in range(size)])
-            want = {"sum": stack.sum(0), "prod": stack.prod(0), "min": stack.min(0), "max": stack.max(0), "avg": stack.sum(0) / size}[op]
+            want = {
+                "sum": stack.sum(0),
+                "prod": stack.prod(0),
+                "min": stack.min(0),
+                "max": stack.max(0),
+                "avg": stack.sum(0) / size,
+            }[op]
             if dtype == np.int32 and op == "avg":
                 want = np.trunc(want)
             if dtype == np.bool_:
@@ -53,7 +67,11 @@ equal("out-of-place premul_sum", out, 0.5 * sum(data(20, r, (3, 5), np.float64) 
 equal("... input untouched", x, data(20, rank, (3, 5), np.float64))
 y = np.asfortranarray(data(21, rank, (3, 5), np.float32))
 comm.reduce(y, root=size - 1, op="sum")
-want = sum(data(21, r, (3, 5), np.float32).astype(np.float64) for r in range(size)) if rank == size - 1 else data(21, rank, (3, 5), np.float32)
+want = (
+    sum(data(21, r, (3, 5), np.float32).astype(np.float64) for r in range(size))
+    if rank == size - 1
+    else data(21, rank, (3, 5), np.float32)
+)
 equal("reduce (a non-root input is only read)", y, want)
 z = data(22, rank, (4, 3), np.int16).T
 comm.broadcast(z, root=1)
@@ -96,7 +114,11 @@ def counted(self):
 GlooPending.test = counted
 large = np.asfortranarray(data(30, rank, (512, 2048), np.float32))
 comm.allreduce(large)
-equal("a 4 MiB allreduce through gloo", large, sum(data(30, r, (512, 2048), np.float32).astype(np.float64) for r in range(size)))
+equal(
+    "a 4 MiB allreduce through gloo",
+    large,
+    sum(data(30, r, (512, 2048), np.float32).astype(np.float64) for r in range(size)),
+)
 check.true(f"the waiter blocked in gloo ({polls[0]} polls of the work)", polls[0] == 0)
 GlooPending.test = polled_test
 

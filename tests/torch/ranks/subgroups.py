@@ -26,7 +26,10 @@ def exercise(name: str, group, members) -> None:
     """Collectives on ``group`` whose members are the global ranks ``members`` (group-rank order)."""
     members = list(members)
     if group is None or rank not in members:
-        check.true(f"{name}: rank {rank} is not a member", group in (None, dist.GroupMember.NON_GROUP_MEMBER) or rank not in members)
+        check.true(
+            f"{name}: rank {rank} is not a member",
+            group in (None, dist.GroupMember.NON_GROUP_MEMBER) or rank not in members,
+        )
         return
     n = len(members)
     me = members.index(rank)
@@ -42,11 +45,15 @@ def exercise(name: str, group, members) -> None:
     src = n - 1
     y = like(torch.empty(5, 3).t(), values(seed, rank, (3, 5), torch.float64))
     dist.broadcast(y, group_src=src, group=group)
-    check.equal(f"{name}: broadcast from group rank {src}", y, values(seed, members[src], (3, 5), torch.float64), strides=(1, 3))
+    check.equal(
+        f"{name}: broadcast from group rank {src}", y, values(seed, members[src], (3, 5), torch.float64), strides=(1, 3)
+    )
     seed = next(seeds)
     out = torch.empty(2 * n, 3)
     dist.all_gather_into_tensor(out, values(seed, rank, (2, 3), torch.float32), group=group)
-    check.equal(f"{name}: all_gather_into_tensor", out, torch.cat([values(seed, r, (2, 3), torch.float32) for r in members]))
+    check.equal(
+        f"{name}: all_gather_into_tensor", out, torch.cat([values(seed, r, (2, 3), torch.float32) for r in members])
+    )
     seed = next(seeds)
     block = torch.empty(3, 2).t()
     dist.reduce_scatter_tensor(block, values(seed, rank, (2 * n, 3), torch.float32), group=group)
@@ -56,7 +63,11 @@ def exercise(name: str, group, members) -> None:
     z = values(seed, rank, (4,), torch.int64)
     dist.reduce(z, group_dst=0, op=dist.ReduceOp.MAX, group=group)
     if me == 0:
-        check.equal(f"{name}: reduce max to group rank 0", z, torch.stack([values(seed, r, (4,), torch.int64) for r in members]).amax(0))
+        check.equal(
+            f"{name}: reduce max to group rank 0",
+            z,
+            torch.stack([values(seed, r, (4,), torch.int64) for r in members]).amax(0),
+        )
     objects = [None] * n
     dist.all_gather_object(objects, rank, group=group)
     check.true(f"{name}: all_gather_object {objects}", objects == members)

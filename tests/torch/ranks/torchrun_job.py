@@ -28,26 +28,45 @@ def job(check: Checker) -> None:
 
     x = like(torch.empty(2, 3, 4, 5).to(memory_format=CL), values(1, rank, (2, 3, 4, 5), torch.float32))
     dist.all_reduce(x)
-    check.equal("all_reduce channels-last", x, torch.stack(everyone(1, (2, 3, 4, 5))).double().sum(0), strides=x.stride(), tol=1e-5)
+    check.equal(
+        "all_reduce channels-last",
+        x,
+        torch.stack(everyone(1, (2, 3, 4, 5))).double().sum(0),
+        strides=x.stride(),
+        tol=1e-5,
+    )
     t = like(torch.empty(5, 3).t(), values(2, rank, (3, 5), torch.float64))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
-    check.equal("all_reduce max transposed (async)", t, torch.stack(everyone(2, (3, 5), torch.float64)).amax(0), strides=(1, 3))
+    check.equal(
+        "all_reduce max transposed (async)", t, torch.stack(everyone(2, (3, 5), torch.float64)).amax(0), strides=(1, 3)
+    )
     t = like(torch.empty(5, 3).t(), values(3, rank, (3, 5), torch.float32))
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    check.equal("all_reduce avg transposed", t, torch.stack(everyone(3, (3, 5))).double().mean(0), strides=(1, 3), tol=1e-5)
+    check.equal(
+        "all_reduce avg transposed", t, torch.stack(everyone(3, (3, 5))).double().mean(0), strides=(1, 3), tol=1e-5
+    )
     b = like(torch.empty(2, 3, 4, 5).to(memory_format=CL), values(4, rank, (2, 3, 4, 5), torch.float32))
     dist.broadcast(b, src=size - 1)
     check.equal("broadcast channels-last", b, everyone(4, (2, 3, 4, 5))[size - 1], strides=b.stride())
     out = torch.empty(2 * size, 3, 4, 5).to(memory_format=CL)
     before = pg.staged_operations
-    dist.all_gather_into_tensor(out, like(torch.empty(2, 3, 4, 5).to(memory_format=CL), values(5, rank, (2, 3, 4, 5), torch.float32)))
+    dist.all_gather_into_tensor(
+        out, like(torch.empty(2, 3, 4, 5).to(memory_format=CL), values(5, rank, (2, 3, 4, 5), torch.float32))
+    )
     check.equal("all_gather_into_tensor channels-last", out, torch.cat(everyone(5, (2, 3, 4, 5))), strides=out.stride())
     check.true("... with no staging copy", pg.staged_operations == before)
     block = torch.empty(3, 2).t()
     dist.reduce_scatter_tensor(block, like(torch.empty(3, 2 * size).t(), values(6, rank, (2 * size, 3), torch.float32)))
-    check.equal("reduce_scatter_tensor transposed", block, torch.stack(everyone(6, (2 * size, 3))).double().sum(0)[2 * rank : 2 * rank + 2], tol=1e-5)
+    check.equal(
+        "reduce_scatter_tensor transposed",
+        block,
+        torch.stack(everyone(6, (2 * size, 3))).double().sum(0)[2 * rank : 2 * rank + 2],
+        tol=1e-5,
+    )
     gapped = torch.arange(10.0)[::2]  # gloo gives a wrong answer here with no error
-    check.raises("gapped tensor refused", denseccl.LayoutError, lambda: dist.all_reduce(gapped), "not non-overlapping and dense")
+    check.raises(
+        "gapped tensor refused", denseccl.LayoutError, lambda: dist.all_reduce(gapped), "not non-overlapping and dense"
+    )
 
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "name": f"r{rank}"})
@@ -85,7 +104,9 @@ def job(check: Checker) -> None:
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         check.equal(f"DDP parameter {name}", p, q, tol=1e-5)
-        check.true(f"DDP gradient of {name} keeps its parameter's strides", p.grad.stride() == p.stride() or p.dim() < 4)
+        check.true(
+            f"DDP gradient of {name} keeps its parameter's strides", p.grad.stride() == p.stride() or p.dim() < 4
+        )
 
 
 if __name__ == "__main__":
