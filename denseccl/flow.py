@@ -19,7 +19,10 @@ it completes, and MPI cannot cancel it. So every wait that ends other than by co
 timeout, a peer that gave up, an interrupt) hands the transfer with what it uses to
 :func:`~denseccl.transports.base.abandon`, which keeps them for the process's life; and the
 Works dropped before completion (:attr:`orphans`) are abandoned whole if the flow goes away
-first. Nothing a transfer can still touch is ever freed.
+first. What a transfer can still touch includes its communicator: :meth:`close` releases the
+transport and control channel only when no Work is in flight and nothing was abandoned, and
+otherwise retires them (``Transport.retire``: the MPI communicators are never freed). Nothing
+a transfer can still touch is ever freed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ T = TypeVar("T")
 SPINS = 64
 #: a transfer's test: True once it has completed (never blocks)
 Test = Callable[[], bool]
+#: the "a peer gave up" flag of a closed channel, which brings no news
+CLOSED = (0,)
 
 
 class Flow:
@@ -65,8 +70,13 @@ class Flow:
         self.plans: Dict[Any, Callable[[Any], Any]] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
+        #: one entry per Work handed out that has neither completed nor been dropped (work.py
+        #: appends and pops them: atomic, and the torch adapter completes Works in a thread)
+        self.unfinished: List[bool] = []
+        #: a transfer of this communicator was abandoned: it may never complete
+        self.abandoned = False
         self._all_equal, self._gave_up = control.fast_path()
-        weakref.finalize(self, _keep_if_any, self.orphans)
+        weakref.finalize(self, _keep_if_any, self.orphans, self.unfinished)
 
     # -- the flow ----------------------------------------------------------------------------
 
@@ -225,8 +235,15 @@ class Flow:
             raise peer_gave_up_error(self.control.peer_gave_up())
 
     def _abandon(self, error: BaseException, *things: Any) -> None:
-        abandon(*things)  # first: whatever follows must not free what the transfer may touch
+        self._keep(*things)  # first: whatever follows must not free what the transfer may touch
         self.note_failure(error)
+
+    def _keep(self, *things: Any, _abandon: Callable[..., None] = abandon) -> None:
+        """Abandon a transfer with what it uses (it may never complete; its communicator too is
+        then kept at :meth:`close`). ``_abandon`` is bound here: a Work dropped while the
+        interpreter clears the modules at exit gets here too."""
+        self.abandoned = True
+        _abandon(*things)
 
     def note_failure(self, error: BaseException) -> None:
         """Mark the communicator broken after a timeout, a peer that gave up, a transport
@@ -264,7 +281,7 @@ class Flow:
         if self.broken is None:
             self.orphans.append((pending, keep))
         else:  # it may never complete
-            abandon(pending, keep)
+            self._keep(pending, keep)
 
     def poll_orphans(self) -> None:
         """Complete the dropped Works' transfers that have finished, without blocking. A
@@ -286,12 +303,14 @@ class Flow:
                 entries.pop(0)
         finally:
             if self.broken is not None and entries:
-                abandon(list(entries))
+                self._keep(list(entries))
                 entries.clear()
 
     def close(self) -> None:
         """Complete the dropped Works (within the timeout), then release the transport and the
-        control channel. Whatever did not complete is kept alive."""
+        control channel. Whatever did not complete is kept alive: where a Work is still in
+        flight (dropped or not) or a transfer was abandoned, the transport and control channel
+        are retired instead (their communicators are kept for the process's life)."""
         if self.broken == "closed":
             return
         try:
@@ -299,17 +318,26 @@ class Flow:
                 self._complete_orphans(self.deadline())
         finally:
             if self.orphans:
-                abandon(list(self.orphans))
+                self._keep(list(self.orphans))
                 self.orphans.clear()
             self.broken = "closed"
-            self.transport.close()
-            self.control.close()
+            if self.abandoned or self.unfinished:
+                self.transport.retire()
+                self.control.retire()
+            else:
+                self.transport.close()
+                self.control.close()
+                self._gave_up = CLOSED  # its Works have all completed: waiting again reads no channel
 
 
-def _keep_if_any(orphans: List[Tuple[Pending, Any]]) -> None:
-    """A flow went away with dropped Works still in flight: keep them for the process's life."""
-    if orphans:
-        abandon(list(orphans))
+def _keep_if_any(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
+    """A flow went away with dropped Works still in flight, or the interpreter exits (before it
+    clears the modules) with Works of a flow in flight: keep the dropped ones for the process's
+    life. MPI still moves their data when it is finalized, after the interpreter has cleared
+    everything, so the list itself is kept: Works dropped while the modules are cleared join it
+    (Flow.adopt)."""
+    if orphans or unfinished:
+        abandon(orphans)
 
 
 __all__ = ["Flow", "Test"]

@@ -18,7 +18,9 @@ class Work:
     buffers its transfer uses, and completed there: by a later call on the communicator, or by
     ``close()``. Its result (an average's division included) is then written as if it had
     been waited for. If the communicator goes away first, or breaks, the transfer and its
-    buffers are kept for the process's life: nothing it may still touch is freed."""
+    buffers are kept for the process's life: nothing it may still touch is freed. Until it
+    completes or is dropped it is counted in its flow's ``unfinished``: a communicator closed
+    meanwhile keeps its library communicator, which the transfer uses."""
 
     __slots__ = ("_flow", "_pending", "_result", "_keep", "_done")
 
@@ -28,6 +30,7 @@ class Work:
         self._result = result
         self._keep = keep  # the buffers the transfer reads and writes
         self._done = False
+        flow.unfinished.append(True)
 
     def wait(self, timeout: Seconds = None) -> Any:
         """Block until the collective has completed and return its result array.
@@ -35,7 +38,7 @@ class Work:
         this does not block the host: it makes the caller's current stream wait for the
         collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
         self._flow.wait(self._pending, (self._keep, self._result), seconds(timeout, "timeout"))
-        self._done, self._keep = True, None
+        self._completed()
         return self._result
 
     def synchronize(self, timeout: Seconds = None) -> Any:
@@ -43,15 +46,20 @@ class Work:
         its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
         communicator's), which also aborts a device communicator."""
         self._flow.wait(self._pending, (self._keep, self._result), seconds(timeout, "timeout"), synchronize=True)
-        self._done, self._keep = True, None
+        self._completed()
         return self._result
 
     def is_completed(self) -> bool:
         """True once the collective has completed; never blocks. A failure seen while polling
         (e.g. in the host step after the transfer) marks the communicator broken, as wait() does."""
         if not self._done and self._flow.test(self._pending, (self._keep, self._result)):
-            self._done, self._keep = True, None
+            self._completed()
         return self._done
+
+    def _completed(self) -> None:
+        if not self._done:
+            self._done, self._keep = True, None
+            self._flow.unfinished.pop()
 
     @property
     def result(self) -> Any:
@@ -60,4 +68,5 @@ class Work:
 
     def __del__(self) -> None:
         if not self._done:  # nobody can wait for it any more: its communicator's flow will
+            self._flow.unfinished.pop()
             self._flow.adopt(self._pending, (self._keep, self._result))

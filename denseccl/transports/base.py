@@ -7,6 +7,7 @@ nothing about layouts: pointers are the starts of storage spans, counts are elem
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -59,11 +60,17 @@ DONE = Done()
 #: requests given up on (a timeout, a broken communicator, a shutdown) with the memory they may
 #: still touch: MPI cannot cancel them, and freeing an active request is erroneous
 _ABANDONED: List[Any] = []
+# mpi4py finalizes MPI (which still progresses these requests) in a Py_AtExit hook, after the
+# interpreter has cleared every module: a reference of our own that nothing ever releases keeps
+# the list, and all it holds, alive until the process ends
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_ABANDONED))
 
 
-def abandon(*things: Any) -> None:
-    """Keep ``things`` (requests, buffers) alive for the rest of the process."""
-    _ABANDONED.append(things)
+def abandon(*things: Any, _kept: List[Any] = _ABANDONED) -> None:
+    """Keep ``things`` (requests, buffers) alive for the rest of the process: past the
+    interpreter's teardown too (``_kept`` is bound here, so this works while modules are
+    being cleared)."""
+    _kept.append(things)
 
 
 class Waiting:
@@ -276,6 +283,12 @@ class Transport(ABC):
     def close(self) -> None:
         """Release the library's communicator (collective where the library says so)."""
 
+    def retire(self) -> None:
+        """Close while a transfer started here may still be running (a Work in flight or
+        abandoned): release only what that transfer cannot touch. By default :meth:`close`; a
+        library that may not free a communicator under a running operation keeps it."""
+        self.close()
+
 
 class Flag(Protocol):
     """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.fast_path`)."""
@@ -342,3 +355,8 @@ class ControlChannel(ABC):
 
     def close(self) -> None:
         """Release the channel."""
+
+    def retire(self) -> None:
+        """Close while a transfer of the communicator may still be running (see
+        :meth:`Transport.retire`); by default :meth:`close`."""
+        self.close()

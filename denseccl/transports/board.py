@@ -186,6 +186,13 @@ class Board:
             pass
         _RETIRED.append(window)
 
+    def retire(self) -> None:
+        """Stop using the page while a wait may still read the flag (a Work in flight when its
+        communicator closed): the views stay readable, and the window stays, as after close."""
+        window, self._window = self._window, None
+        if window is not None:
+            _RETIRED.append(window)
+
 
 def page_bytes(size: int) -> int:
     """Bytes of the page: two lines per rank, then the flag's line."""

@@ -26,7 +26,7 @@ from ..dtypes import DType
 from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
 from .base import Pending, Transport
-from .mpi_control import MPIControl, free_comm, open_control, split_comm
+from .mpi_control import MPIControl, free_comm, open_control, retire_comm, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,
@@ -271,6 +271,9 @@ class MPITransport(Transport):
 
     def close(self) -> None:
         free_comm(self.comm)
+
+    def retire(self) -> None:
+        retire_comm(self.comm)
 
 
 __all__ = ["MPIControl", "MPIPending", "MPITransport", "StepsPending", "open_control"]

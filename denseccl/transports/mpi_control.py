@@ -53,6 +53,8 @@ class MPIControl(ControlChannel):
         self._iprobe = comm.Iprobe
         self._status = MPI.Status()
         self._gave_up: Optional[int] = None
+        #: a request on ``comm`` was abandoned (it may never complete): the communicator is kept
+        self._abandoned = False
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
         """Equal digests, none invalid, and the same call sequence on every rank."""
@@ -102,6 +104,7 @@ class MPIControl(ControlChannel):
         try:
             wait_until(done, deadline, "the agreement step")
         except BaseException:
+            self._abandoned = True
             abandon(request, keep)
             raise
 
@@ -109,6 +112,7 @@ class MPIControl(ControlChannel):
         note = np.array([self.rank], np.int64)
         peers = [peer for peer in range(self.size) if peer != self.rank]
         requests = [self.comm.Isend([note, MPI.INT64_T], peer, GAVE_UP_TAG) for peer in peers]
+        self._abandoned = True
         abandon(requests, note)
         # MPI moves a message only inside MPI calls: push the notes out now (a stopped or dead
         # peer cannot take them, so the push is bounded; a later MPI call here moves them on)
@@ -131,7 +135,10 @@ class MPIControl(ControlChannel):
         return None if part is None else open_control(part, self.crowded)
 
     def close(self) -> None:
-        free_comm(self.comm)
+        (retire_comm if self._abandoned else free_comm)(self.comm)
+
+    def retire(self) -> None:
+        retire_comm(self.comm)
 
 
 class BoardControl(ControlChannel):
@@ -173,6 +180,10 @@ class BoardControl(ControlChannel):
         self.board.close()
         self.mpi.close()
 
+    def retire(self) -> None:
+        self.board.retire()
+        self.mpi.retire()
+
 
 def split_comm(comm: Any, color: Optional[int], key: int) -> Any:
     """``comm.Split`` with ``None`` for "no color": the new communicator, or None where this rank
@@ -182,9 +193,19 @@ def split_comm(comm: Any, color: Optional[int], key: int) -> Any:
 
 
 def free_comm(comm: Any) -> None:
-    """Free an owned communicator, unless MPI is already finalized (nothing left to free)."""
+    """Free an owned communicator, unless MPI is already finalized (nothing left to free).
+    Only when no request on it may still be active: see :func:`retire_comm`."""
     if comm != MPI.COMM_NULL and not MPI.Is_finalized():
         comm.Free()
+
+
+def retire_comm(comm: Any) -> None:
+    """Give up an owned communicator on which a request may still be active: it is never freed,
+    and lives until MPI is finalized. MPI lets ``MPI_Comm_free`` mark such a communicator
+    (pending operations complete normally), but Open MPI 5 then frees what the request still
+    uses, and the next MPI call that progresses it (on any communicator) ends in a
+    segmentation fault."""
+    abandon(comm)
 
 
 def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
@@ -205,4 +226,4 @@ def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
     return BoardControl(board, mpi)
 
 
-__all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "free_comm", "open_control", "split_comm"]
+__all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "free_comm", "open_control", "retire_comm", "split_comm"]
