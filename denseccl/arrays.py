@@ -184,7 +184,8 @@ def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer
         raise _protocol_error(x, name, f"names no NumPy dtype ({error})") from error
     dtype_name = _numpy_dtype_name(dtype)
     if strides is None:
-        layout = _layout_from_bytes(shape, tuple(s * dtype.itemsize for s in contiguous_strides(shape)), dtype.itemsize, dtype_name)
+        byte_strides = tuple(s * dtype.itemsize for s in contiguous_strides(shape))
+        layout = _layout_from_bytes(shape, byte_strides, dtype.itemsize, dtype_name)
     else:
         layout = _layout_from_bytes(shape, strides, dtype.itemsize, dtype_name)
     try:
@@ -192,7 +193,9 @@ def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer
     except ImportError:
         raise
     except Exception as error:
-        raise _protocol_error(x, name, f"gives a pointer ({pointer:#x}) CUDA cannot place on a device ({type(error).__name__}: {error})") from error
+        raise _protocol_error(
+            x, name, f"gives a pointer ({pointer:#x}) CUDA cannot place on a device ({type(error).__name__}: {error})"
+        ) from error
     return Buffer(pointer, layout, device, library, readonly, x)
 
 
@@ -241,7 +244,9 @@ def as_buffer(x: Any) -> Buffer:
         return _cupy_buffer(x)
     if isinstance(x, np.ndarray):
         if isinstance(x, np.ma.MaskedArray):
-            raise LayoutError("masked arrays are not supported: the mask would be ignored; pass x.filled(value) or x.data")
+            raise LayoutError(
+                "masked arrays are not supported: the mask would be ignored; pass x.filled(value) or x.data"
+            )
         return _numpy_buffer(x)
     interface = _protocol(x, "__cuda_array_interface__")
     if interface is not None:

@@ -81,7 +81,13 @@ def as_op(op: OpLike) -> Op:
     )
 
 
-_TORCH_OPS = {"SUM": ReduceOp.SUM, "PRODUCT": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX, "AVG": ReduceOp.AVG}
+_TORCH_OPS = {
+    "SUM": ReduceOp.SUM,
+    "PRODUCT": ReduceOp.PRODUCT,
+    "MIN": ReduceOp.MIN,
+    "MAX": ReduceOp.MAX,
+    "AVG": ReduceOp.AVG,
+}
 _MPI_OPS = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX}
 
 
@@ -110,10 +116,15 @@ def _foreign_op(op: Any) -> Optional[Union[ReduceOp, PreMulSum]]:
         for name, kind in _MPI_OPS.items():
             if op == getattr(mpi, name):
                 return kind
-        known = [n for n in ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP") if op == getattr(mpi, n, None)]
+        known = [
+            n
+            for n in ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
+            if op == getattr(mpi, n, None)
+        ]
         raise OpError(
-            f"reduction op MPI.{known[0] if known else 'Op'} is not supported by denseccl: use MPI.SUM, MPI.PROD, MPI.MIN "
-            "or MPI.MAX (or 'sum', 'prod', 'min', 'max', 'avg', denseccl.PreMulSum(factor))"
+            f"reduction op MPI.{known[0] if known else 'Op'} is not supported by denseccl: "
+            "use MPI.SUM, MPI.PROD, MPI.MIN or MPI.MAX "
+            "(or 'sum', 'prod', 'min', 'max', 'avg', denseccl.PreMulSum(factor))"
         )
     return None
 

@@ -28,7 +28,11 @@ from ..transports.base import deadline_after
 from . import gloo, mpi, nccl, rendezvous
 
 #: the options of ``init(**options)`` that each backend takes
-OPTIONS = {"mpi": (), "gloo": ("store", "rank", "size", "prefix"), "nccl": ("store", "rank", "size", "device", "prefix")}
+OPTIONS = {
+    "mpi": (),
+    "gloo": ("store", "rank", "size", "prefix"),
+    "nccl": ("store", "rank", "size", "device", "prefix"),
+}
 
 
 def _check_policy(check: Union[None, bool, str]) -> bool:
@@ -69,9 +73,7 @@ def init(
     checking = _check_policy(check)
     _log_decisions(given, backend, check, checking, seconds)
     if backend not in OPTIONS:
-        raise DenseCCLError(
-            f"unknown backend {backend!r}: use 'mpi' or 'gloo' (host arrays) or 'nccl' (device arrays)"
-        )
+        raise DenseCCLError(f"unknown backend {backend!r}: use 'mpi' or 'gloo' (host arrays) or 'nccl' (device arrays)")
     unexpected = sorted(set(options) - set(OPTIONS[backend]))
     if unexpected:
         raise DenseCCLError(
@@ -116,9 +118,12 @@ def _log_decisions(given: Optional[str], backend: str, check: Any, checking: boo
     if source == "the default" and backend != "nccl":
         source += f" (not nccl: {nccl.nccl_missing()})"
     log.info("init: backend %s, from %s", backend, source)
-    log.info("init: agreement check %s (from %s), timeout %s", "always" if checking else "off",
-             "the argument" if check is not None else "DENSECCL_CHECK or the default",
-             "none" if seconds is None else f"{seconds:g} s")
+    log.info(
+        "init: agreement check %s (from %s), timeout %s",
+        "always" if checking else "off",
+        "the argument" if check is not None else "DENSECCL_CHECK or the default",
+        "none" if seconds is None else f"{seconds:g} s",
+    )
 
 
 __all__ = ["init"]

@@ -29,7 +29,13 @@ from .. import config
 from . import _rendezvous
 
 from .data_parallel import DataParallel, broadcast_coalesced, reduce_add_coalesced, replicate
-from .grad_layout import GradLayoutHooks, GradLayoutViolation, enforce_grad_layout, grad_layout_violations, restride_grads
+from .grad_layout import (
+    GradLayoutHooks,
+    GradLayoutViolation,
+    enforce_grad_layout,
+    grad_layout_violations,
+    restride_grads,
+)
 from ._launch import launched_by_mpi
 from ._rendezvous import needs_mpi_rendezvous
 from .process_group import BACKEND_NAME, ProcessGroupDenseCCL, create_process_group

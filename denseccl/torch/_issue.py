@@ -84,7 +84,9 @@ def chain(issues: Sequence[Issue], outputs: List[torch.Tensor]) -> Issue:
     return issue
 
 
-def one_step(work: Any, output: torch.Tensor, copy_into: Optional[torch.Tensor] = None) -> Tuple[List[Any], Callable[[], Any]]:
+def one_step(
+    work: Any, output: torch.Tensor, copy_into: Optional[torch.Tensor] = None
+) -> Tuple[List[Any], Callable[[], Any]]:
     """The steps and finish of a single-tensor operation whose result is ``output``: the work
     moved it there, or (staged) the finish copies the work's result into ``copy_into``
     (``output`` or a view of it)."""

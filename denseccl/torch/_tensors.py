@@ -14,7 +14,14 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from ..errors import LayoutError
-from ..layout import Layout, contiguous_strides, is_non_overlapping_and_dense, layout_key, physical_order, stacked_problem
+from ..layout import (
+    Layout,
+    contiguous_strides,
+    is_non_overlapping_and_dense,
+    layout_key,
+    physical_order,
+    stacked_problem,
+)
 from ..layout import overlap as ranges_overlap
 
 
@@ -72,8 +79,10 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     return ranges_overlap(
-        a.storage_offset() * a.element_size(), a.numel() * a.element_size(),
-        b.storage_offset() * b.element_size(), b.numel() * b.element_size(),
+        a.storage_offset() * a.element_size(),
+        a.numel() * a.element_size(),
+        b.storage_offset() * b.element_size(),
+        b.numel() * b.element_size(),
     )
 
 

@@ -49,16 +49,21 @@ class MPIEngine:
         from mpi4py import MPI  # noqa: PLC0415
 
         request = self.comm.Ialltoallv(
-            [_bytes(source), (send, _displacements(send)), MPI.BYTE], [_bytes(target), (recv, _displacements(recv)), MPI.BYTE]
+            [_bytes(source), (send, _displacements(send)), MPI.BYTE],
+            [_bytes(target), (recv, _displacements(recv)), MPI.BYTE],
         )
         return RequestStep(request, what, keep=(source, target))
 
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
         from mpi4py import MPI  # noqa: PLC0415
 
-        return RequestStep(self.comm.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag), f"send to rank {dst}", keep=source)
+        return RequestStep(
+            self.comm.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag), f"send to rank {dst}", keep=source
+        )
 
-    def recv(self, target: torch.Tensor, src: int, tag: int) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+    def recv(
+        self, target: torch.Tensor, src: int, tag: int
+    ) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
         """The step, then (once it completed) the source rank and the bytes received."""
         from mpi4py import MPI  # noqa: PLC0415
 
@@ -87,7 +92,9 @@ class GlooEngine:
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
         return WorkStep(self.group.send([_flat_bytes(source)], dst, tag), f"send to rank {dst}", keep=source)
 
-    def recv(self, target: torch.Tensor, src: int, tag: int) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+    def recv(
+        self, target: torch.Tensor, src: int, tag: int
+    ) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
         flat = _flat_bytes(target)
         work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
         return WorkStep(work, "recv", keep=target), (work._source_rank if src < 0 else lambda: src), lambda: None
@@ -129,16 +136,27 @@ def _agree_on_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, proble
     receives = [every[size * size + r * size : size * size + (r + 1) * size] for r in range(size)]
     lines = [
         f"rank {r} sends {sends[r][j]} to rank {j}, which expects {receives[j][r]}"
-        for r in range(size) for j in range(size) if sends[r][j] != receives[j][r]
+        for r in range(size)
+        for j in range(size)
+        if sends[r][j] != receives[j][r]
     ]
     if lines:
         raise MismatchError(
-            f"{what} mismatch: " + "; ".join(lines[:8]) + (" ..." if len(lines) > 8 else "")
+            f"{what} mismatch: "
+            + "; ".join(lines[:8])
+            + (" ..." if len(lines) > 8 else "")
             + ". Every rank's input split sizes must equal the receivers' output split sizes. Nothing was sent"
         )
 
 
-def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]) -> Issue:
+def all_to_all_single(
+    group: "ProcessGroupDenseCCL",
+    engine: Any,
+    output: torch.Tensor,
+    inp: torch.Tensor,
+    out_splits: List[int],
+    in_splits: List[int],
+) -> Issue:
     size = group._group_size
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
@@ -159,7 +177,9 @@ def all_to_all_single(group: "ProcessGroupDenseCCL", engine: Any, output: torch.
         _agree_on_plans(group, "all_to_all_single", plan, problem)
         row = _row_bytes(inp)
         source, target = inp.contiguous(), _receive_buffer(output)
-        step = engine.alltoallv(source, target, [n * row for n in plan["send"]], [n * row for n in plan["recv"]], "all_to_all_single")
+        step = engine.alltoallv(
+            source, target, [n * row for n in plan["send"]], [n * row for n in plan["recv"]], "all_to_all_single"
+        )
 
         def finish() -> List[torch.Tensor]:
             if target is not output:
@@ -185,7 +205,9 @@ def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
     return [int(s) for s in splits]
 
 
-def alltoall(group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
+def alltoall(
+    group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]
+) -> Issue:
     size = group._group_size
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
@@ -193,18 +215,26 @@ def alltoall(group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Ten
         plan: dict = {}
         try:
             if len(outputs) != size or len(inputs) != size:
-                raise LayoutError(f"all_to_all needs {size} input and {size} output tensors, got {len(inputs)} and {len(outputs)}")
+                raise LayoutError(
+                    f"all_to_all needs {size} input and {size} output tensors, got {len(inputs)} and {len(outputs)}"
+                )
             dtypes = {t.dtype for t in outputs + inputs}
             if len(dtypes) != 1:
                 raise LayoutError(f"all_to_all tensors have different dtypes {sorted(map(str, dtypes))}")
-            plan = {"dtype": str(inputs[0].dtype), "send": [t.numel() for t in inputs], "recv": [t.numel() for t in outputs]}
+            plan = {
+                "dtype": str(inputs[0].dtype),
+                "send": [t.numel() for t in inputs],
+                "recv": [t.numel() for t in outputs],
+            }
         except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
             problem = error
         _agree_on_plans(group, "all_to_all", plan, problem)
         itemsize = inputs[0].element_size()
         source = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0)
         target = torch.empty(sum(plan["recv"]), dtype=outputs[0].dtype)
-        step = engine.alltoallv(source, target, [n * itemsize for n in plan["send"]], [n * itemsize for n in plan["recv"]], "all_to_all")
+        step = engine.alltoallv(
+            source, target, [n * itemsize for n in plan["send"]], [n * itemsize for n in plan["recv"]], "all_to_all"
+        )
 
         def finish() -> List[torch.Tensor]:
             offset = 0

@@ -61,11 +61,16 @@ class Bucket:
     def like(self, flat: torch.Tensor) -> "Bucket":
         """The same slots over another flat buffer (e.g. a copy of this one on another device)."""
         if flat.dim() != 1 or flat.numel() != self.flat.numel() or flat.dtype != self.flat.dtype:
-            raise ValueError(f"a bucket of {self.flat.numel()} {self.flat.dtype} elements cannot view {tuple(flat.shape)} {flat.dtype}")
+            raise ValueError(
+                f"a bucket of {self.flat.numel()} {self.flat.dtype} elements "
+                f"cannot view {tuple(flat.shape)} {flat.dtype}"
+            )
         return Bucket(flat, self.slots)
 
 
-def plan(tensors: Sequence[torch.Tensor], *, bucket_elements: Optional[int] = None) -> List[Tuple[Tuple[torch.device, torch.dtype], List[Slot]]]:
+def plan(
+    tensors: Sequence[torch.Tensor], *, bucket_elements: Optional[int] = None
+) -> List[Tuple[Tuple[torch.device, torch.dtype], List[Slot]]]:
     """Group tensors by (device, dtype), in order, and give each a run of its group's buffer.
     With ``bucket_elements``, a group is split into buckets of about that many elements."""
     order: List[Tuple[Tuple[torch.device, torch.dtype], List[Slot]]] = []

@@ -58,7 +58,9 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[Devic
     return copies
 
 
-def reduce_add_coalesced(inputs: Sequence[Sequence[torch.Tensor]], destination: DeviceLike, like: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+def reduce_add_coalesced(
+    inputs: Sequence[Sequence[torch.Tensor]], destination: DeviceLike, like: Sequence[torch.Tensor]
+) -> List[torch.Tensor]:
     """Sum ``inputs[d][i]`` over devices ``d`` onto ``destination``. Result ``i`` has
     ``like[i]``'s layout: every device's tensors are packed into buckets with those layouts
     (a run copy for tensors that already have them), the buckets are summed, and the results
@@ -97,7 +99,9 @@ class _Broadcast(torch.autograd.Function):
         ctx.templates = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in tensors]
         copies = broadcast_coalesced(tensors, devices)
         # a replica that is the original itself comes out as a new tensor object (a view)
-        outputs = [out.view_as(out) if out is tensors[i] else out for per_device in copies for i, out in enumerate(per_device)]
+        outputs = [
+            out.view_as(out) if out is tensors[i] else out for per_device in copies for i, out in enumerate(per_device)
+        ]
         ctx.mark_non_differentiable(*[out for k, out in enumerate(outputs) if not tensors[k % ctx.count].requires_grad])
         return tuple(outputs)
 
@@ -109,7 +113,9 @@ class _Broadcast(torch.autograd.Function):
         return (None, *reduced)
 
 
-def _broadcast(tensors: Sequence[torch.Tensor], devices: Sequence[torch.device], detach: bool) -> List[List[torch.Tensor]]:
+def _broadcast(
+    tensors: Sequence[torch.Tensor], devices: Sequence[torch.device], detach: bool
+) -> List[List[torch.Tensor]]:
     if not tensors:
         return [[] for _ in devices]
     if detach:

@@ -22,10 +22,22 @@ from ..errors import LayoutError
 from ..ops import OpLike, as_op
 from ._arguments import as_list, options
 from ._issue import Issue, chain, one_step, raising_everywhere, start_each
-from ._tensors import block_key, is_dense, is_stacked, key_of, not_dense_message, overlap, stack_like, stacked_view, staging_stack
+from ._tensors import (
+    block_key,
+    is_dense,
+    is_stacked,
+    key_of,
+    not_dense_message,
+    overlap,
+    stack_like,
+    stacked_view,
+    staging_stack,
+)
 
 
-def _check_gather_list(one: torch.Tensor, many: Sequence[torch.Tensor], size: int, what: str, *, inputs_word: str = "output list") -> None:
+def _check_gather_list(
+    one: torch.Tensor, many: Sequence[torch.Tensor], size: int, what: str, *, inputs_word: str = "output list"
+) -> None:
     """``many`` holds one tensor per rank, each of ``one``'s dtype, shape and device."""
     if len(many) != size:
         raise LayoutError(f"{what}: the {inputs_word} has {len(many)} tensors; it needs one per rank ({size})")
@@ -128,7 +140,9 @@ class GatherScatter:
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather"):
                 if output.dtype != inp.dtype:
-                    raise LayoutError(f"all_gather_into_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}")
+                    raise LayoutError(
+                        f"all_gather_into_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}"
+                    )
                 view = stacked_view(output, tuple(inp.shape), size, "all_gather_into_tensor output")
             if is_stacked(view, size) and block_key(view) == key_of(inp):
                 return one_step(comm.allgather(inp, out=view, async_op=True), output)
@@ -178,7 +192,11 @@ class GatherScatter:
             starts = []
             for out, stack in zip(outputs, stacks):
                 direct = is_dense(out)
-                starts.append(lambda out=out, stack=stack, direct=direct: comm.reduce_scatter(stack, op, out=out if direct else None, async_op=True))
+                starts.append(
+                    lambda out=out, stack=stack, direct=direct: comm.reduce_scatter(
+                        stack, op, out=out if direct else None, async_op=True
+                    )
+                )
             works = start_each(starts)
 
             def finish() -> List[torch.Tensor]:
@@ -209,7 +227,9 @@ class GatherScatter:
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "reduce_scatter"):
                 if output.dtype != inp.dtype:
-                    raise LayoutError(f"reduce_scatter_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}")
+                    raise LayoutError(
+                        f"reduce_scatter_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}"
+                    )
                 if not is_dense(inp):
                     raise LayoutError(not_dense_message("reduce_scatter_tensor input", inp))
                 view = stacked_view(inp, tuple(output.shape), size, "reduce_scatter_tensor input")

@@ -59,7 +59,11 @@ def grad_layout_violations(module: torch.nn.Module) -> List[GradLayoutViolation]
     for name, param in module.named_parameters():
         grad = param.grad
         if grad is not None and _violates(param, grad):
-            found.append(GradLayoutViolation(name, tuple(param.shape), tuple(param.stride()), tuple(grad.stride()), expected_grad_strides(param)))
+            found.append(
+                GradLayoutViolation(
+                    name, tuple(param.shape), tuple(param.stride()), tuple(grad.stride()), expected_grad_strides(param)
+                )
+            )
     return found
 
 
@@ -110,4 +114,11 @@ def enforce_grad_layout(module: torch.nn.Module) -> GradLayoutHooks:
     return GradLayoutHooks(handles)
 
 
-__all__ = ["GradLayoutHooks", "GradLayoutViolation", "enforce_grad_layout", "expected_grad_strides", "grad_layout_violations", "restride_grads"]
+__all__ = [
+    "GradLayoutHooks",
+    "GradLayoutViolation",
+    "enforce_grad_layout",
+    "expected_grad_strides",
+    "grad_layout_violations",
+    "restride_grads",
+]

@@ -45,7 +45,14 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     """torch.distributed process group over denseccl. Created by ``init_process_group("denseccl")``
     or ``new_group(backend="denseccl")``; not meant to be built by hand."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: Optional[datetime.timedelta] = None, global_ranks: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: Optional[datetime.timedelta] = None,
+        global_ranks: Sequence[int] = (),
+    ) -> None:
         super().__init__(rank, size)
         self._store = store
         self._group_rank = rank
@@ -72,7 +79,13 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         """The communicator that moves CPU tensors: MPI under an MPI launcher, else the gloo
         engine on this group's store; and the engine of all-to-all and send/recv."""
         if host_engine() == "gloo":
-            self._host = denseccl_init(backend="gloo", store=self._store, rank=self._group_rank, size=self._group_size, timeout=self._seconds or 0)
+            self._host = denseccl_init(
+                backend="gloo",
+                store=self._store,
+                rank=self._group_rank,
+                size=self._group_size,
+                timeout=self._seconds or 0,
+            )
             self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
             return
         if self._global_ranks:  # MPI_Comm_create_group blocks until every member calls it
@@ -87,7 +100,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             raise LayoutError(f"{what}: no tensors given")
         kinds = {t.device.type for t in tensors}
         if len(kinds) != 1:
-            raise LayoutError(f"{what}: tensors on different device types {sorted(kinds)}; pass tensors of one device type")
+            raise LayoutError(
+                f"{what}: tensors on different device types {sorted(kinds)}; pass tensors of one device type"
+            )
         kind = kinds.pop()
         if kind == "cpu":
             if self._host is None:
@@ -114,8 +129,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 raise
             except Exception as error:
                 raise DenseCCLError(
-                    f"denseccl: could not create the NCCL communicator for CUDA tensors ({type(error).__name__}: {error}); "
-                    "it needs CuPy with NCCL: pip install 'denseccl[cuda12]'"
+                    "denseccl: could not create the NCCL communicator for CUDA tensors "
+                    f"({type(error).__name__}: {error}); it needs CuPy with NCCL: pip install 'denseccl[cuda12]'"
                 ) from error
         return self._device
 
@@ -136,7 +151,15 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     # -- running -----------------------------------------------------------------------------
 
-    def _run(self, name: str, opts: Any, device: torch.device, issue: Issue, *, source_rank: Optional[Callable[[], int]] = None) -> dist.Work:
+    def _run(
+        self,
+        name: str,
+        opts: Any,
+        device: torch.device,
+        issue: Issue,
+        *,
+        source_rank: Optional[Callable[[], int]] = None,
+    ) -> dist.Work:
         """Start an operation: ``issue()`` starts its steps and returns them with the finish
         that produces the future's value. Synchronous callers (``opts.asyncOp`` false) get a
         completed Work; the others an :class:`AsyncWork` that the progress thread completes."""
@@ -276,14 +299,23 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             raise DenseCCLError(self._host_problem or f"denseccl: no engine for {what}")
         return self._aux
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], opts: Any = None) -> dist.Work:  # noqa: A002
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002 - torch's own parameter name
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> dist.Work:
         """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r``. Runs row-major: a tensor
         that is not row-major is staged through a contiguous copy."""
         with self._arguments("all_to_all_single", output, input):
             opts = options(opts, _c10d.AllToAllOptions)
             engine = self._aux_comm([output, input], "all_to_all_single")
 
-        issue = all_to_all_p2p.all_to_all_single(self, engine, output, input, list(output_split_sizes), list(input_split_sizes))
+        issue = all_to_all_p2p.all_to_all_single(
+            self, engine, output, input, list(output_split_sizes), list(input_split_sizes)
+        )
         return self._run("all_to_all_single", opts, input.device, issue)
 
     alltoall_base = all_to_all_single

@@ -48,7 +48,14 @@ class Operation:
 
     __slots__ = ("name", "steps", "finish", "future", "deadline", "done", "__weakref__")
 
-    def __init__(self, name: str, steps: Sequence[Any], finish: Callable[[], Any], future: torch.futures.Future, deadline: Optional[float]) -> None:
+    def __init__(
+        self,
+        name: str,
+        steps: Sequence[Any],
+        finish: Callable[[], Any],
+        future: torch.futures.Future,
+        deadline: Optional[float],
+    ) -> None:
         self.name = name
         self.steps = list(steps)
         self.finish = finish
@@ -189,7 +196,9 @@ class Progress:
                         if not operation.done:
                             operation.done = True
                             abandon(operation.steps)
-                            operation.future.set_exception(RuntimeError(f"{self.name}: shut down with {operation.name} in flight"))
+                            operation.future.set_exception(
+                                RuntimeError(f"{self.name}: shut down with {operation.name} in flight")
+                            )
                     self._inflight = []
                 return
             # a long transfer needs polls less often than a short one
@@ -226,7 +235,9 @@ def _stop_all() -> None:
 class AsyncWork(dist.Work):
     """The Work torch gets for an asynchronous denseccl operation."""
 
-    def __init__(self, progress: Progress, operation: Operation, source_rank: Optional[Callable[[], int]] = None) -> None:
+    def __init__(
+        self, progress: Progress, operation: Operation, source_rank: Optional[Callable[[], int]] = None
+    ) -> None:
         super().__init__()
         self._progress = progress
         self._operation = operation

@@ -127,7 +127,13 @@ class SoloControl(ControlChannel):
 
 
 def tcp_store(
-    host: str, port: int, rank: int, size: int, *, is_master: Optional[bool] = None, timeout: float = config.DEFAULT_TIMEOUT
+    host: str,
+    port: int,
+    rank: int,
+    size: int,
+    *,
+    is_master: Optional[bool] = None,
+    timeout: float = config.DEFAULT_TIMEOUT,
 ) -> Any:
     """A torch ``TCPStore`` client (and, on rank 0 unless ``is_master`` says otherwise, the
     server) at ``host:port``. torch is imported only here."""

@@ -25,7 +25,9 @@ def verdicts(result, n: int) -> None:
     assert result.stdout.count("raised CollectiveTimeoutError") == n - 1, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("mode, n, skipper", [("torch-init", 2, -1), ("dist-init", 2, -1), ("numpy-init", 3, 0), ("subgroup", 2, -1)])
+@pytest.mark.parametrize(
+    "mode, n, skipper", [("torch-init", 2, -1), ("dist-init", 2, -1), ("numpy-init", 3, 0), ("subgroup", 2, -1)]
+)
 def test_bootstrap_deadline_under_mpiexec(mode, n, skipper):
     # the waiting ranks leave with os._exit (a timed-out request never completes); mpiexec may
     # then exit non-zero while the sleeping skipper is killed: the printed verdicts decide
