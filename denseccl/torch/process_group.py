@@ -30,6 +30,7 @@ from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
 from ..ops import as_op
+from ..transports.base import abandon
 from . import all_to_all_p2p, buckets
 from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
 from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
@@ -357,19 +358,21 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def shutdown(self) -> None:
         """Stop the progress thread and release the communicators (collective: every rank of the
         group calls it, as destroy_process_group does)."""
-        self._progress.stop()
+        finished = self._progress.stop()
         for comm in (self._host, self._device):
             if comm is not None:
                 with contextlib.suppress(Exception):
                     comm.close()
         self._host = self._device = None
-        if self._mpi_group is not None:
+        if not finished:  # a request given up on may still use them: kept, never freed
+            abandon(self._mpi_group, self._aux)
+        elif self._mpi_group is not None:
             from mpi4py import MPI  # noqa: PLC0415
 
             if not MPI.Is_finalized() and self._owns_mpi_group and self._mpi_group != MPI.COMM_NULL:
                 with contextlib.suppress(Exception):
                     self._mpi_group.Free()
-        if self._aux is not None:
+        if self._aux is not None and finished:
             with contextlib.suppress(Exception):
                 self._aux.free()
         self._aux = self._mpi_group = None

@@ -94,6 +94,8 @@ class Progress:
         self._stopping = False
         self._stop_by = 0.0
         self._active = 0.0  # when an operation was last submitted or completed
+        #: an operation was given up on at shutdown: what it ran on may still be in use
+        self.abandoned = False
         self.poll = _poll_seconds(self.POLL)
         _LIVE.add(self)
 
@@ -133,10 +135,11 @@ class Progress:
                 self.lock.release()
         return operation.done and operation.future.done()
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0) -> bool:
         """Stop the thread after completing what is in flight, for at most ``grace`` seconds;
         operations still in flight then fail, and their buffers are kept alive for good (MPI
-        may still write into them, e.g. during MPI_Finalize)."""
+        may still write into them, e.g. during MPI_Finalize). True when nothing was left in
+        flight: only then may the communicators the operations ran on be freed."""
         with self._wake:
             if not self._stopping:
                 self._stopping = True
@@ -145,6 +148,7 @@ class Progress:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=grace + 5)
+        return not self.abandoned and (thread is None or not thread.is_alive())
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -195,6 +199,7 @@ class Progress:
                     for operation in self._inflight:
                         if not operation.done:
                             operation.done = True
+                            self.abandoned = True
                             abandon(operation.steps)
                             operation.future.set_exception(
                                 RuntimeError(f"{self.name}: shut down with {operation.name} in flight")

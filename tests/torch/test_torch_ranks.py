@@ -63,3 +63,9 @@ def test_ddp_example_runs_as_documented():
 
 def test_exit_with_async_work_in_flight():
     expect_passed(run_ranks(2, RANKS / "exit_in_flight.py", timeout=120), 2)
+
+
+def test_shutdown_with_a_receive_in_flight():
+    """destroy_process_group with a receive whose sender never sends: the communicators the
+    receive may still use are kept, and later MPI calls work (Open MPI crashed here)."""
+    expect_passed(run_ranks(2, RANKS / "shutdown_in_flight.py", timeout=120), 2)
