@@ -192,6 +192,7 @@ def wait_until(
                 os.sched_yield()
                 if turns >= CROWDED_YIELDS and doorbells is not None:
                     doze = doorbells.doze
+                    doorbells.ring()  # a peer may sleep waiting for what this wait's polls moved
             elif doze(test):
                 WAITING.ring()
                 return

@@ -6,8 +6,8 @@ burst of polls (base.wait_until): the peer that shares the core runs at once, an
 call completes within a few turns. A wait that lasts longer (a slow or stalled peer) must not
 keep the core busy with yields, so it raises its ``asleep`` flag, tests once more, and sleeps
 on its doorbell (a futex in an MPI shared window, with a short timeout); a rank rings the
-doorbells of sleeping peers before it sleeps itself, after it posts an agreement and when one
-of its waits ends: whatever a peer waits for was made by one of those steps. A wake-up that is
+doorbells of sleeping peers before the first sleep of a wait, after it posts an agreement and
+when one of its waits ends: whatever a peer waits for was made by one of those steps. A wake-up that is
 missed costs at most the nap (:data:`NAP_SECONDS`), never a hang: every sleep times out and
 tests again.
 
@@ -134,9 +134,10 @@ class Doorbells:
     def doze(self, test: Callable[[], bool]) -> bool:
         """Sleep until a peer rings or the nap ends, unless ``test()`` is already true (tested
         after the flag is up: a peer that makes it true afterwards sees the flag and rings).
-        Returns the last test's result (False after a sleep)."""
+        Returns the last test's result (False after a sleep). It rings no peer: two ranks that
+        both wait for a third would otherwise wake each other over and over; the caller rings
+        once before its first doze of a wait (:func:`base.wait_until`)."""
         words, mine = self._words, self._mine
-        self.ring()  # a peer may be asleep waiting for what this rank did
         rings = words[mine]
         words[mine + 1] = 1
         self._sync()  # the flag, then the test

@@ -64,3 +64,24 @@ def test_ring_without_sleepers_changes_nothing(monkeypatch: pytest.MonkeyPatch) 
 def test_no_futex_on_an_unknown_processor(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doorbell.platform, "machine", lambda: "pdp11")
     assert futex_call() is None
+
+
+@needs_futex
+def test_two_sleepers_waiting_for_a_third_do_not_wake_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks that both wait for a slow third one sleep out their naps: a doze that rang its
+    peers woke the other sleeper, which rang back, and so on (a core kept busy for nothing)."""
+    members = bells(3, monkeypatch, nap=0.2)
+    dozes = [0, 0]
+    stop = time.monotonic() + 0.5
+
+    def wait(rank: int) -> None:
+        while time.monotonic() < stop:
+            members[rank].doze(lambda: False)
+            dozes[rank] += 1
+
+    threads = [threading.Thread(target=wait, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert all(count <= 6 for count in dozes), dozes  # about 3 naps of 0.2 s each in 0.5 s
