@@ -82,9 +82,9 @@ class Waiting:
     (the host's ranks cannot each have a core of their own: cores.py), polling only keeps the
     peer that must run off the core, so a wait gives the core up from its first turn on, after
     a short burst of polls each turn (:data:`CROWDED_BURST`): it yields, which hands the core
-    to a runnable peer in about a microsecond, for :data:`CROWDED_YIELD_SECONDS`; a wait that
-    lasts longer sleeps on its doorbell where the host has them (doorbell.py), so that a stalled
-    peer does not keep the core busy. Sleeping at once costs a timer per wait, tens of
+    to a runnable peer in about a microsecond, :data:`CROWDED_YIELDS` times; a wait that lasts
+    longer sleeps on its doorbell where the host has them (doorbell.py), so that a stalled peer
+    does not keep the core busy. Sleeping at once costs a timer per wait, tens of
     microseconds in a virtual machine (a 4 KiB allreduce on one core: 120-140 us sleeping, 27-36
     us yielding). Bootstrap decides (:meth:`note`); ``DENSECCL_WAIT`` overrides it: ``spin``
     waits as if uncrowded, ``yield`` as if crowded but never sleeping."""
@@ -165,8 +165,8 @@ def wait_until(
     after every poll, then sleep briefly (a long wait for a slow peer should not burn a core).
     Where ranks share cores (:class:`Waiting`) it gives the core up from the first turn on,
     after a burst of ``burst`` polls each turn (1 for a test only a peer can make true): it
-    yields, and once the wait has lasted :data:`CROWDED_YIELD_SECONDS` it sleeps on its
-    doorbell where the host has them. ``watch``, called once a turn before the core is given
+    yields, and after :data:`CROWDED_YIELDS` yields it sleeps on its doorbell where the host
+    has them. ``watch``, called once a turn before the core is given
     up, raises if the wait is hopeless (a peer gave up). Raise :class:`CollectiveTimeoutError`
     once ``deadline`` has passed."""
     per_turn, doorbells = 1, None
