@@ -100,7 +100,7 @@ class Communicator:
         args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
         result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
         if key is not None and count and not transport.device_memory:
-            self._remember(key, descriptor, source, transport.in_place("allreduce", count, dtype, reduce_op))
+            self._remember(key, descriptor, source, ("allreduce", count, dtype, reduce_op))
         return result
 
     def reduce(
@@ -133,7 +133,7 @@ class Communicator:
         start = self.transport.reduce if count else None
         result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
         if key is not None and count and not self.transport.device_memory:
-            self._remember(key, descriptor, source, self.transport.in_place("reduce", count, dtype, reduce_op, root))
+            self._remember(key, descriptor, source, ("reduce", count, dtype, reduce_op, root))
         return result
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
@@ -158,7 +158,7 @@ class Communicator:
         start = self.transport.broadcast if count else None
         result = flow.run(descriptor, start, args, buffer.owner, buffer, async_op, stream)
         if key is not None and count and not self.transport.device_memory:
-            self._remember(key, descriptor, buffer, self.transport.in_place("broadcast", count, dtype, None, root))
+            self._remember(key, descriptor, buffer, ("broadcast", count, dtype, None, root))
         return result
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
@@ -261,8 +261,8 @@ class Communicator:
 
     # -- validation --------------------------------------------------------------------------
 
-    def _remember(self, key: Any, descriptor: Descriptor, buffer: Buffer, start: Any) -> None:
-        run = self.flow.plan(descriptor, buffer, start)
+    def _remember(self, key: Any, descriptor: Descriptor, buffer: Buffer, call: Tuple[Any, ...]) -> None:
+        run = self.flow.plan(descriptor, buffer, call)
         if run is not None:
             remember(self.flow.plans, key, run)
 

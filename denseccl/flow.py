@@ -35,8 +35,10 @@ from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tupl
 from . import log, streams
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .plans import compile_plan
-from .transports.base import DONE, WAITING, ControlChannel, Pending, Transport, abandon, deadline_after, wait_until
+from .plans import Requests, compile_plan
+from .transports.base import (
+    DONE, UNPLANNED, WAITING, ControlChannel, Pending, Transport, abandon, deadline_after, wait_until,
+)
 from .work import Work
 
 T = TypeVar("T")
@@ -68,6 +70,8 @@ class Flow:
         self.broken: Optional[str] = None
         #: replays of repeated calls, by plan key (plans.py)
         self.plans: Dict[Any, Callable[[Any], Any]] = {}
+        #: the plans' persistent requests (plans.Requests)
+        self.requests = Requests()
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
         #: one entry per Work handed out that has neither completed nor been dropped (work.py
@@ -76,7 +80,7 @@ class Flow:
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
         self._all_equal, self._gave_up = control.fast_path()
-        weakref.finalize(self, _keep_if_any, self.orphans, self.unfinished)
+        weakref.finalize(self, _release_at_end, self.orphans, self.unfinished, self.requests)
 
     # -- the flow ----------------------------------------------------------------------------
 
@@ -105,14 +109,14 @@ class Flow:
             log.trace("%s%s: %.1f us", descriptor.describe(), " (started)" if async_op else "", elapsed)
         return outcome
 
-    def plan(
-        self, descriptor: Descriptor, buffer: Any, start: Optional[Callable[[int], Test]]
-    ) -> Optional[Callable[[Any], Any]]:
+    def plan(self, descriptor: Descriptor, buffer: Any, call: Tuple[Any, ...]) -> Optional[Callable[[Any], Any]]:
         """The replay of a call that just ran on ``buffer`` (plans.py), or None where the
-        transport wants the full path each time (``start`` None)."""
+        transport wants the full path each time. ``call``: ``(collective, count, dtype, op,
+        root)`` as ``Transport.in_place`` takes them."""
+        start = self.transport.in_place(*call)
         if start is None:
             return None
-        return compile_plan(self, descriptor, buffer, start)
+        return compile_plan(self, descriptor, buffer, start, self.transport.persistent(*call))
 
     def usable(self) -> None:
         """Raise :class:`CommunicatorBrokenError` if the communicator cannot be used."""
@@ -141,7 +145,7 @@ class Flow:
         if self.check and self.size > 1:
             try:  # agreement.agree, with the channel's own all_equal
                 value = digest(descriptor) if value is None else value
-                if not self._all_equal(value, False, self.deadline()):
+                if not self._all_equal(value, False, self.deadline(), UNPLANNED):
                     disagree(self.control, descriptor, self.deadline())
             except Exception as error:
                 self.note_failure(error)
@@ -201,10 +205,7 @@ class Flow:
         """Poll ``test`` until the transfer has completed; raise if a peer gave up on it or
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
-            for _ in range(WAITING.spins(SPINS)):  # a small call is done before a deadline is worth computing
-                if test():
-                    break
-            else:
+            if not WAITING.poll(test, SPINS):  # a small call is done before a deadline is worth computing
                 wait_until(test, self.deadline(timeout), "the collective", watch=self._watch)
             if self._gave_up[0]:
                 self._after()
@@ -321,6 +322,7 @@ class Flow:
                 self._keep(list(self.orphans))
                 self.orphans.clear()
             self.broken = "closed"
+            self.requests.release(keep=bool(self.abandoned or self.unfinished))
             if self.abandoned or self.unfinished:
                 self.transport.retire()
                 self.control.retire()
@@ -330,12 +332,14 @@ class Flow:
                 self._gave_up = CLOSED  # its Works have all completed: waiting again reads no channel
 
 
-def _keep_if_any(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
-    """A flow went away with dropped Works still in flight, or the interpreter exits (before it
-    clears the modules) with Works of a flow in flight: keep the dropped ones for the process's
-    life. MPI still moves their data when it is finalized, after the interpreter has cleared
-    everything, so the list itself is kept: Works dropped while the modules are cleared join it
+def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool], requests: Requests) -> None:
+    """A flow went away, or the interpreter exits (before it clears the modules, and before
+    MPI is finalized): free the plans' persistent requests (MPI reports those still allocated
+    at finalization), and keep the dropped Works still in flight for the process's life. MPI
+    still moves their data when it is finalized, after the interpreter has cleared everything,
+    so the list itself is kept: Works dropped while the modules are cleared join it
     (Flow.adopt)."""
+    requests.release(keep=bool(orphans or unfinished))
     if orphans or unfinished:
         abandon(orphans)
 

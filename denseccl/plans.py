@@ -12,6 +12,7 @@ Python on top of MPI.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
@@ -21,7 +22,7 @@ import numpy as np
 from . import log
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
-from .transports.base import WAITING
+from .transports.base import SAME, UNPLANNED, WAITING, abandon
 
 if TYPE_CHECKING:
     from .flow import Flow, Test
@@ -32,40 +33,123 @@ _ndarray = np.ndarray
 LIMIT = 512
 #: polls before a replayed call computes its deadline
 SPINS = 64
+#: persistent requests kept per communicator (:class:`Requests`)
+REQUESTS = 64
 
 #: a plan: runs the remembered call on an array of its geometry and returns that array
 Run = Callable[[Any], Any]
 
 
-def compile_plan(flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Test]) -> Run:
+class Requests:
+    """The persistent requests of one flow's plans (``Transport.persistent``), by (digest,
+    address): set up once per address, a repeated call only starts its request, which saves the
+    MPI library building a schedule per call.
+
+    Setting one up is collective, a persistent request matches only its own kind on the peers,
+    and each rank's cache is its own (addresses differ, eviction is local). So the ranks decide
+    together, in the agreement step they take anyway, by its tag: a replay passes the tag of
+    the request it holds for the call (0: none), the full path :data:`UNPLANNED`. Tags number
+    the collective set-ups, the same on every rank. Equal tags: every rank starts the request
+    it holds, or, where none holds one (0), all set one up now. Different tags: every rank runs
+    the nonblocking collective, as the full path does, and a replay drops the request it held,
+    so that the next call sets up a new one on every rank. Hence persistent requests only
+    where the check is on (or there are no peers)."""
+
+    __slots__ = ("entries", "tags")
+
+    def __init__(self) -> None:
+        #: (digest, address) -> (tag, request); between calls every request here is inactive
+        self.entries: Dict[Tuple[int, int], Tuple[int, Any]] = {}
+        #: the last tag handed out
+        self.tags = 0
+
+    def create(self, key: Tuple[int, int], setup: Callable[[int], Any]) -> Tuple[int, Any]:
+        """Set up the request for ``key`` (collective: every rank at the same call); past
+        :data:`REQUESTS` the oldest one goes."""
+        self.tags += 1
+        if len(self.entries) >= REQUESTS:
+            self.entries.pop(next(iter(self.entries)))[1].Free()
+        entry = self.entries[key] = (self.tags, setup(key[1]))
+        return entry
+
+    def drop(self, key: Tuple[int, int]) -> None:
+        """Free the request held for ``key``, if any (inactive)."""
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            entry[1].Free()
+
+    def release(self, keep: bool) -> None:
+        """Free every request (all inactive), or with ``keep`` hand them to ``abandon`` (the
+        flow's transfers may not all have completed: nothing of its communicator is freed)."""
+        entries = list(self.entries.values())
+        self.entries.clear()
+        if keep:
+            abandon(entries)
+            return
+        for _, request in entries:
+            with contextlib.suppress(Exception):  # MPI already finalized: nothing left to free
+                request.Free()
+
+
+def compile_plan(
+    flow: "Flow", descriptor: Descriptor, buffer: Buffer, start: Callable[[int], Test],
+    setup: Optional[Callable[[int], Any]] = None,
+) -> Run:
     """The replay of one geometry, built by the flow (:meth:`Flow.plan`): the flow's steps after
     local validation (usable?, agreement, start, complete) with everything that cannot change
     between calls bound once. ``start(address)`` starts the collective on the span at
-    ``address`` and returns its test; ``buffer`` is the first call's input."""
+    ``address`` and returns its test; ``setup(address)``, where the transport has one, sets it
+    up as a persistent request instead (:class:`Requests`); ``buffer`` is the first call's
+    input."""
     offset = buffer.span_pointer - buffer.pointer  # from the data pointer to the span (<= 0)
     pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
     value = digest(descriptor)
     control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
     all_equal, gave_up = control.fast_path()
+    requests = flow.requests
+    entries, create, drop = requests.entries, requests.create, requests.drop
     peers = flow.size > 1
-    spins = WAITING.spins(SPINS)  # none where ranks share cores: the peer needs this one
+    poll, monotonic = WAITING.poll, time.monotonic
 
     def run(x: Any) -> Any:
         if flow.broken is not None:
             flow.usable()
+        address = pointer_of(x) + offset
+        key = None
         try:
-            if flow.check and peers and not all_equal(value, False, deadline()):
-                disagree(control, descriptor, deadline())
-            test = start(pointer_of(x) + offset)
+            if setup is not None and (flow.check or not peers):
+                key = (value, address)
+                entry = entries.get(key)
+                agreed = SAME
+                if peers:
+                    timeout = flow.timeout
+                    until = None if timeout is None else monotonic() + timeout
+                    agreed = all_equal(value, False, until, 0 if entry is None else entry[0])
+                    if not agreed:
+                        disagree(control, descriptor, deadline())
+                if agreed == SAME:
+                    request = (create(key, setup) if entry is None else entry)[1]
+                    request.Start()
+                    test = request.Test
+                else:  # tags differ: nothing set up together; all run it as the full path does
+                    key = None
+                    drop((value, address))
+                    test = start(address)
+            else:
+                if flow.check and peers and not all_equal(value, False, deadline(), UNPLANNED):
+                    disagree(control, descriptor, deadline())
+                test = start(address)
         except Exception as error:
             note_failure(error)  # the agreement's or the library's: a timeout gives up, as in Flow.agree
             raise
-        for _ in range(spins):  # a small call is done before a deadline is worth computing
-            if test():
-                if not gave_up[0]:
-                    return x
-                break
-        settle(test, x)  # the deadline, a peer that gave up; on failure keeps x alive
+        if poll(test, SPINS) and not gave_up[0]:  # a small call is done before a deadline is worth computing
+            return x
+        try:
+            settle(test, x)  # the deadline, a peer that gave up; on failure keeps x alive
+        except BaseException:
+            if key is not None:
+                entries.pop(key, None)  # abandoned with the transfer: never started or freed again
+            raise
         return x
 
     if not log.tracing():

@@ -121,12 +121,32 @@ class Waiting:
         if self.crowded and self.doorbells is not None:
             self.doorbells.ring()
 
+    def poll(self, test: Callable[[], bool], spins: int) -> bool:
+        """The first polls of a wait, before a deadline is worth computing: ``spins`` of them;
+        crowded, :data:`CROWDED_TURNS` turns of :data:`CROWDED_BURST` polls, each turn then
+        yielding the core to the peer that shares it. True once ``test()`` is."""
+        if not self.crowded:
+            for _ in range(spins):
+                if test():
+                    return True
+            return False
+        for _ in range(CROWDED_TURNS):
+            for _ in range(CROWDED_BURST):
+                if test():
+                    return True
+            os.sched_yield()
+        return False
+
 
 #: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
 #: collectives take a few progress calls of their own after the peer has delivered (MPICH's
 #: small allreduce: three, ~0.2 us each), and sleeping between those would hand the core to
 #: the peer for nothing
 CROWDED_BURST = 4
+#: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
+#: and watches for a peer that gave up (:meth:`Waiting.poll`): a peer that shares the core and
+#: has nothing else to do answers within one or two
+CROWDED_TURNS = 2
 #: how many times a crowded wait yields before it sleeps on its doorbell: a peer that shares
 #: an otherwise idle core answers a small call within one or two yields; a wait that needs
 #: more is for a slow or stalled peer, or the core is busy with other work, where a yielding
@@ -267,6 +287,16 @@ class Transport(ABC):
             return lambda a: self.broadcast(a, count, dtype, root).test
         raise ValueError(f"no in-place form of {collective!r}")
 
+    def persistent(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Any]]:
+        """For repeated calls whose ranks agree on it (plans.py): a callable ``address ->
+        request`` that sets up the call :meth:`in_place` starts as a persistent request (an
+        object with ``Start()``, ``Test()`` and ``Free()``, as mpi4py's ``Prequest``). Setting
+        one up is collective: every rank must do it at the same point of its sequence of calls.
+        None (the default) where the library has no such requests."""
+        return None
+
     def check_op(self, op: Op, dtype: DType) -> None:
         """Raise :class:`LayoutError` if this transport cannot apply ``op`` to ``dtype``
         (restrictions beyond the common tables in ops.py, e.g. of the library's version)."""
@@ -289,6 +319,23 @@ class Transport(ABC):
         abandoned): release only what that transfer cannot touch. By default :meth:`close`; a
         library that may not free a communicator under a running operation keeps it."""
         self.close()
+
+
+#: answers of the agreement step (ControlChannel.all_equal): falsy only when the ranks disagree
+DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
+#: the agreement step's tag of a call that is not a replay of a plan (plans.Requests)
+UNPLANNED = -1
+
+
+def answer(agreed: bool, same_tags: bool) -> int:
+    """The agreement step's answer from its two facts (see :meth:`ControlChannel.all_equal`)."""
+    if not agreed:
+        return DIFFERENT
+    return SAME if same_tags else MIXED_TAGS
+
+
+#: the agreement step: ``(value, invalid, deadline, tag) -> DIFFERENT | SAME | MIXED_TAGS``
+AllEqual = Callable[[int, bool, Optional[float], int], int]
 
 
 class Flag(Protocol):
@@ -323,11 +370,16 @@ class ControlChannel(ABC):
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         """Every rank's ``data``, indexed by rank."""
 
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
-        """The agreement step: True on every rank when every rank passed the same ``value``
-        (a signed 64-bit integer) and none passed ``invalid``; False on every rank otherwise."""
-        highest, negated_lowest, any_invalid = self.allreduce_max([value, -value, int(invalid)], deadline)
-        return highest == -negated_lowest and not any_invalid
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
+        """The agreement step: :data:`SAME` on every rank when every rank passed the same
+        ``value`` (a signed 64-bit integer) and ``tag`` and none passed ``invalid``;
+        :data:`MIXED_TAGS` when only the tags differ; 0 (:data:`DIFFERENT`) otherwise. Every
+        rank gets the same answer. The tag rides along for free: plans pass the identity of
+        the persistent request each rank holds for the call (plans.py)."""
+        highest, negated_lowest, any_invalid, top_tag, negated_bottom_tag = self.allreduce_max(
+            [value, -value, int(invalid), tag, -tag], deadline
+        )
+        return answer(highest == -negated_lowest and not any_invalid, top_tag == -negated_bottom_tag)
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["ControlChannel"]:
         """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
@@ -343,7 +395,7 @@ class ControlChannel(ABC):
         collective and on every poll of a long wait."""
         return None
 
-    def fast_path(self) -> "Tuple[Callable[[int, bool, Optional[float]], bool], Flag]":
+    def fast_path(self) -> "Tuple[AllEqual, Flag]":
         """What every collective uses, bound once by the flow and its plans: ``all_equal`` as
         the callable that does the work (no delegation in between), and a flag whose ``[0]`` is
         nonzero once a peer gave up (a shared word on a board: no call at all)."""

@@ -3,7 +3,7 @@
 The agreement asks one question per collective: does every rank hold this digest, and is no
 rank's input invalid? Over MPI that is a tiny allreduce, whose setup in the MPI library costs
 about as much as the 4 KiB collective it guards. When every rank runs on one host, the ranks
-answer it through a shared page instead: each rank writes ``(digest, invalid)`` and then the
+answer it through a shared page instead: each rank writes ``(digest, invalid, tag)`` and then the
 call's sequence number into its own cache line, and reads its peers' lines once their sequence
 number has arrived.
 
@@ -30,14 +30,15 @@ the process ends.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, List, Optional
 
 from .. import config
 from ..errors import peer_gave_up_error
 from . import cores
-from .base import WAITING, wait_until
+from .base import CROWDED_TURNS, DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, WAITING, wait_until
 
-#: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, padding)
+#: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, tag, padding)
 LINE = 8
 #: reads of a peer's line before the wait starts yielding the core (about a millisecond)
 SPINS = 20000
@@ -117,14 +118,16 @@ class Board:
         board.progress = comm.Iprobe  # any MPI call progresses every request of this process
         return board
 
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
-        """Post ``(value, invalid)``; True when every rank posted ``value`` and none is invalid.
-        Every rank gets the same answer. :class:`CollectiveTimeoutError` past ``deadline``."""
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
+        """Post ``(value, invalid, tag)``; the answer of :meth:`ControlChannel.all_equal`
+        (SAME, MIXED_TAGS or DIFFERENT), the same on every rank.
+        :class:`CollectiveTimeoutError` past ``deadline``."""
         sequence = self._sequence = self._sequence + 1
         mine, peers = self._lines[sequence & 1]
         words = self._words
         words[mine + 1] = value
         words[mine + 2] = 1 if invalid else 0
+        words[mine + 3] = tag
         self._sync()  # the values before the sequence number
         words[mine] = sequence  # a peer that sees it sees the values too
         if self.crowded:
@@ -133,17 +136,26 @@ class Board:
             if words[line] != sequence:
                 self._wait(line, sequence, deadline)
         self._sync()  # every peer's values after its sequence number
-        same = not invalid
+        if invalid:
+            return DIFFERENT
+        answer = SAME
         for line in peers:
             if words[line + 1] != value or words[line + 2]:
-                same = False
-        return same
+                return DIFFERENT
+            if words[line + 3] != tag:
+                answer = MIXED_TAGS
+        return answer
 
     def _wait(self, line: int, sequence: int, deadline: Optional[float]) -> None:
         words = self._words
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
+        if self.crowded:  # the peer that must post shares this core: let it run, a few times
+            for _ in range(CROWDED_TURNS):
+                os.sched_yield()
+                if words[line] == sequence:
+                    return
         progress, sync, flag = self.progress, self._sync, self._flag
 
         def arrived() -> bool:

@@ -74,6 +74,18 @@ def _half_op(kind: ReduceOp, dtype: DType) -> Any:
     return MPI.Op.Create(host_kernels.half_reduction(kind, dtype), commute=True)
 
 
+@lru_cache(maxsize=None)
+def _has_persistent() -> bool:
+    """Whether the MPI library has persistent collectives (MPI 4; Open MPI has them from 5.0
+    while it reports MPI 3.1, so they are tried once, on ``COMM_SELF``)."""
+    try:
+        request = MPI.COMM_SELF.Bcast_init([bytearray(1), 1, MPI.BYTE], 0)
+    except (NotImplementedError, MPI.Exception):
+        return False
+    request.Free()
+    return True
+
+
 class MPIPending(Pending):
     """An MPI request, plus what must run on the host once it has completed."""
 
@@ -230,40 +242,61 @@ class MPITransport(Transport):
     def in_place(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Callable[[int], Callable[[], bool]]]:
-        kind = None if op is None else op_kind(op)
-        if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):  # host work around the call: the general path
-            return super().in_place(collective, count, dtype, op, root)
         if collective == "allreduce" and self._split_halves(count, dtype):  # allreduce_now each time
             return None
+        issue = self._in_place_call(collective, op, root, dtype, persistent=False)
+        if issue is None:
+            return super().in_place(collective, count, dtype, op, root)
         nbytes, mpi_type = count * dtype.itemsize, _MPI_TYPES[dtype.name]
         fromaddress = MPI.buffer.fromaddress
         # The message of the last address: a loop over one array builds it once.
         last_address, last_message = 0, [fromaddress(0, 0), 0, mpi_type]
 
-        # One closure for every call shape; the shapes differ only in the library call made on the
-        # message, each a direct call with everything else bound here: this is the per-call fast path.
-        mpi_op = None if kind is None else _mpi_op(kind, dtype)
-        iallreduce, ireduce, ibcast = self.comm.Iallreduce, self.comm.Ireduce, self.comm.Ibcast
-        mpi_in_place = MPI.IN_PLACE
-        issue: Callable[[Any], Any]
-        if collective == "allreduce":
-            issue = lambda message: iallreduce(mpi_in_place, message, mpi_op)  # noqa: E731
-        elif collective == "reduce" and self.rank == root:
-            issue = lambda message: ireduce(mpi_in_place, message, mpi_op, root)  # noqa: E731
-        elif collective == "reduce":
-            issue = lambda message: ireduce(message, None, mpi_op, root)  # noqa: E731
-        elif collective == "broadcast":
-            issue = lambda message: ibcast(message, root)  # noqa: E731
-        else:
-            return super().in_place(collective, count, dtype, op, root)
-
         def start(address: int) -> Callable[[], bool]:
             nonlocal last_address, last_message
             if address != last_address:
                 last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-            return issue(last_message).Test
+            return issue(last_message).Test  # type: ignore[misc]
 
         return start
+
+    def persistent(
+        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
+    ) -> Optional[Callable[[int], Any]]:
+        """MPI's persistent collectives (``MPI_Allreduce_init``, ``MPI_Reduce_init``,
+        ``MPI_Bcast_init``) for the calls :meth:`in_place` starts: set up once per address,
+        each call then only starts the request (no schedule built per call). None where
+        :meth:`in_place` takes the general path, or the MPI library predates MPI 4."""
+        if (collective == "allreduce" and self._split_halves(count, dtype)) or not _has_persistent():
+            return None
+        init = self._in_place_call(collective, op, root, dtype, persistent=True)
+        if init is None:
+            return None
+        nbytes, mpi_type, fromaddress = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.buffer.fromaddress
+        return lambda address: init([fromaddress(address, nbytes), count, mpi_type])
+
+    def _in_place_call(
+        self, collective: str, op: Optional[Op], root: int, dtype: DType, *, persistent: bool
+    ) -> Optional[Callable[[Any], Any]]:
+        """The library call that starts (or, ``persistent``, sets up) the in-place
+        ``collective`` on a message, with everything else bound; None where host work
+        surrounds the call (avg, PreMulSum) and the general path must run."""
+        kind = None if op is None else op_kind(op)
+        if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):
+            return None
+        comm, mpi_op, in_place = self.comm, None if kind is None else _mpi_op(kind, dtype), MPI.IN_PLACE
+        if collective == "allreduce":
+            allreduce = comm.Allreduce_init if persistent else comm.Iallreduce
+            return lambda message: allreduce(in_place, message, mpi_op)
+        if collective == "reduce":
+            reduce = comm.Reduce_init if persistent else comm.Ireduce
+            if self.rank == root:
+                return lambda message: reduce(in_place, message, mpi_op, root)
+            return lambda message: reduce(message, None, mpi_op, root)
+        if collective == "broadcast":
+            broadcast = comm.Bcast_init if persistent else comm.Ibcast
+            return lambda message: broadcast(message, root)
+        return None
 
     def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
         part = split_comm(self.comm, color, key)

@@ -14,7 +14,7 @@ import os
 import struct
 import sys
 import time
-from typing import Any, Callable, NoReturn, Optional, Sequence, Tuple
+from typing import Any, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -22,10 +22,10 @@ from mpi4py import MPI
 from .. import log
 from ..errors import CommunicatorBrokenError, peer_gave_up_error
 from . import cores
-from .base import ControlChannel, Flag, abandon, wait_until
+from .base import UNPLANNED, AllEqual, ControlChannel, Flag, abandon, answer, wait_until
 from .board import Board
 
-_FIVE = struct.Struct("=5q")
+_SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
 GAVE_UP_TAG = 0x6A7E
 #: how long a rank that gives up drives MPI to deliver its notes before it raises
@@ -45,10 +45,10 @@ class MPIControl(ControlChannel):
         #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
         self.crowded = crowded
         self._sequence = 0
-        # The agreement's [digest, -digest, invalid, sequence, -sequence] travels in one buffer
-        # and one prebuilt message: the per-call cost is a pack, the MPI call and an unpack.
-        self._five = bytearray(40)
-        self._five_message = [self._five, 5, MPI.INT64_T]
+        # The agreement's [digest, -digest, invalid, sequence, -sequence, tag, -tag] travels in
+        # one buffer and one prebuilt message: the per-call cost is a pack, the MPI call and an unpack.
+        self._seven = bytearray(_SEVEN.size)
+        self._seven_message = [self._seven, 7, MPI.INT64_T]
         self._iallreduce = comm.Iallreduce
         self._iprobe = comm.Iprobe
         self._status = MPI.Status()
@@ -56,21 +56,24 @@ class MPIControl(ControlChannel):
         #: a request on ``comm`` was abandoned (it may never complete): the communicator is kept
         self._abandoned = False
 
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
-        """Equal digests, none invalid, and the same call sequence on every rank."""
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
+        """Equal digests, none invalid, and the same call sequence on every rank; and whether
+        the tags are equal too (:meth:`ControlChannel.all_equal`)."""
         sequence = self._sequence = self._sequence + 1
-        buffer = self._five
-        _FIVE.pack_into(buffer, 0, value, -value, 1 if invalid else 0, sequence, -sequence)
-        request = self._iallreduce(MPI.IN_PLACE, self._five_message, MPI.MAX)
+        buffer = self._seven
+        _SEVEN.pack_into(buffer, 0, value, -value, 1 if invalid else 0, sequence, -sequence, tag, -tag)
+        request = self._iallreduce(MPI.IN_PLACE, self._seven_message, MPI.MAX)
         if not request.Test():
-            self._wait(request, (buffer, self._five_message), deadline)
-        highest, negated_lowest, any_invalid, latest, negated_earliest = _FIVE.unpack_from(buffer)
+            self._wait(request, (buffer, self._seven_message), deadline)
+        highest, negated_lowest, any_invalid, latest, negated_earliest, top_tag, negated_bottom_tag = (
+            _SEVEN.unpack_from(buffer)
+        )
         if latest != sequence or negated_earliest != -sequence:
             raise CommunicatorBrokenError(
                 f"the agreement paired call {sequence} of this rank with calls {-negated_earliest}..{latest} of its "
                 "peers: a rank skipped or abandoned a call; this communicator is unusable"
             )
-        return highest == value and negated_lowest == -value and not any_invalid
+        return answer(highest == value and negated_lowest == -value and not any_invalid, top_tag == -negated_bottom_tag)
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = np.array(values, np.int64)
@@ -152,8 +155,8 @@ class BoardControl(ControlChannel):
         self.size = mpi.size
         self.crowded = board.crowded
 
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> bool:
-        return self.board.all_equal(value, invalid, deadline)
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
+        return self.board.all_equal(value, invalid, deadline, tag)
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         return self.mpi.allreduce_max(values, deadline)
@@ -161,7 +164,7 @@ class BoardControl(ControlChannel):
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         return self.mpi.allgather_bytes(data, deadline)
 
-    def fast_path(self) -> Tuple[Callable[[int, bool, Optional[float]], bool], Flag]:
+    def fast_path(self) -> Tuple[AllEqual, Flag]:
         return self.board.all_equal, self.board.flag
 
     def give_up(self) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
 from denseccl.transports import board as board_module
+from denseccl.transports.base import DIFFERENT, MIXED_TAGS, SAME
 from denseccl.transports.board import Board, page_bytes
 
 
@@ -55,6 +56,31 @@ def test_every_rank_gets_the_same_answer(size: int) -> None:
         expected.append(len(set(values)) == 1 and not any(invalid))
     answers = run_together(boards(size), calls)
     assert all(answer == expected for answer in answers)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_tags_answer_apart_from_the_values(size: int) -> None:
+    members = boards(size)
+    cases = [  # (values, tags, invalid rank) -> answer
+        ([5] * size, [3] * size, None, SAME),
+        ([5] * size, [3] * (size - 1) + [0], None, MIXED_TAGS),
+        ([5] * size, [-1] + [0] * (size - 1), None, MIXED_TAGS),
+        ([5] * (size - 1) + [6], [3] * size, None, DIFFERENT),
+        ([5] * size, [3] * (size - 1) + [4], 0, DIFFERENT),
+    ]
+    answers = [[] for _ in members]
+
+    def rank_thread(rank: int) -> None:
+        for values, tags, invalid, _ in cases:
+            answer = members[rank].all_equal(values[rank], invalid == rank, time.monotonic() + 30, tags[rank])
+            answers[rank].append(answer)
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert all(answer == [case[3] for case in cases] for answer in answers), answers
 
 
 def test_a_peer_that_never_arrives_times_out(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,9 @@ Usage: agreement_paths.py EXPECT_BOARD(0|1) ITERATIONS
 
 A seeded schedule, the same on every rank, decides per call whether all ranks agree, one rank
 passes another shape, or one rank's input is read-only; calls alternate between the parent
-communicator, a split of it and the control channel's step itself, and between the plan fast
-path and the full path. Every outcome is checked against the schedule: results against NumPy,
-errors on every rank, untouched buffers after an error.
+communicator, a split of it and the control channel's step itself (with tags, equal everywhere
+or not), and between the plan fast path and the full path. Every outcome is checked against the
+schedule: results against NumPy, errors on every rank, untouched buffers after an error.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 import denseccl
+from denseccl.transports.base import DIFFERENT, MIXED_TAGS, SAME
 from tests.support.checker import Checker
 
 expect_board, iterations = sys.argv[1] == "1", int(sys.argv[2])
@@ -74,9 +75,11 @@ for step in range(iterations):
         same_everywhere = schedule.integers(0, 2) == 1
         invalid_rank = schedule.integers(-1, size)
         value = int(values[0] if same_everywhere else values[rank])
+        tags = schedule.integers(-1, 3, size=size)  # the tag: equal everywhere or not
         deadline = time.monotonic() + 30
-        answer = comm.control.all_equal(value, rank == invalid_rank, deadline)
-        expected = (same_everywhere or len(set(values.tolist())) == 1) and invalid_rank < 0
+        answer = comm.control.all_equal(value, rank == invalid_rank, deadline, int(tags[rank]))
+        agreed = (same_everywhere or len(set(values.tolist())) == 1) and invalid_rank < 0
+        expected = (MIXED_TAGS if len(set(tags.tolist())) > 1 else SAME) if agreed else DIFFERENT
         checker.check(answer == expected, f"step {step}: all_equal said {answer}, expected {expected}")
         continue
     group = comm if which == 0 else sub

@@ -37,25 +37,45 @@ COUNT = 8 << 20  # 64 MB of float64
 
 class PauseAfterPost:
     """Wraps a transport's mpi4py communicator: once armed, the next nonblocking call returns
-    its request only after this process was stopped (SIGSTOP) and resumed (SIGCONT)."""
+    its request only after this process was stopped (SIGSTOP) and resumed (SIGCONT); so does
+    the next ``Start`` of a persistent request it set up (``*_init``: plan replays)."""
 
     def __init__(self, comm):
         self._comm = comm
         self.armed = False
 
+    def pause(self) -> None:
+        if self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGSTOP)
+
     def __getattr__(self, name):
         real = getattr(self._comm, name)
+        if name.endswith("_init"):
+            return lambda *args, **kwargs: PausingRequest(real(*args, **kwargs), self)
         if not name.startswith("I"):
             return real
 
         def posted(*args, **kwargs):
             request = real(*args, **kwargs)
-            if self.armed:
-                self.armed = False
-                os.kill(os.getpid(), signal.SIGSTOP)
+            self.pause()
             return request
 
         return posted
+
+
+class PausingRequest:
+    """A persistent request whose ``Start`` pauses once its communicator's wrapper is armed."""
+
+    def __init__(self, request, pauser: PauseAfterPost):
+        self._request = request
+        self._pauser = pauser
+        self.Test = request.Test
+        self.Free = request.Free
+
+    def Start(self) -> None:  # noqa: N802 - mpi4py's name
+        self._request.Start()
+        self._pauser.pause()
 
 
 def make(scenario: str, rank: int):
