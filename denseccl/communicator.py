@@ -18,7 +18,7 @@ from .errors import LayoutError
 from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
-from .plans import lookup, remember, writable
+from .plans import lookup, remember
 from .transports.base import ControlChannel, Transport
 from .work import Work
 
@@ -80,8 +80,8 @@ class Communicator:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
         if out is None and stream is None and not async_op and type(op) is str:
-            key, run = lookup(self.flow.plans, "allreduce", x, op)
-            if run is not None and writable(x):
+            key, run = lookup(self.flow.plans, "allreduce", x, op, True)
+            if run is not None:
                 return run(x)
         flow = self.flow
         flow.usable()
@@ -110,8 +110,8 @@ class Communicator:
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
         if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
-            key, run = lookup(self.flow.plans, "reduce", x, (op, root))
-            if run is not None and (self.rank != root or writable(x)):
+            key, run = lookup(self.flow.plans, "reduce", x, (op, root), self.rank == root)
+            if run is not None:
                 return run(x)
         flow = self.flow
         flow.usable()
@@ -140,8 +140,8 @@ class Communicator:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
         key = None
         if type(root) is int and not async_op and stream is None:
-            key, run = lookup(self.flow.plans, "broadcast", x, root)
-            if run is not None and (self.rank == root or writable(x)):
+            key, run = lookup(self.flow.plans, "broadcast", x, root, self.rank != root)
+            if run is not None:
                 return run(x)
         flow = self.flow
         flow.usable()

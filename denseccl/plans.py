@@ -13,6 +13,7 @@ Python on top of MPI.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
@@ -22,7 +23,7 @@ import numpy as np
 from . import log
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
-from .transports.base import SAME, UNPLANNED, WAITING, abandon
+from .transports.base import CROWDED_BURST, CROWDED_TURNS, SAME, UNPLANNED, WAITING, abandon
 
 if TYPE_CHECKING:
     from .flow import Flow, Test
@@ -58,18 +59,22 @@ class Requests:
     __slots__ = ("entries", "tags")
 
     def __init__(self) -> None:
-        #: (digest, address) -> (tag, request); between calls every request here is inactive
-        self.entries: Dict[Tuple[int, int], Tuple[int, Any]] = {}
+        #: (digest, address) -> (tag, request, its Start, its Test); between calls every request
+        #: here is inactive
+        self.entries: Dict[Tuple[int, int], Tuple[int, Any, Callable[[], Any], Callable[[], bool]]] = {}
         #: the last tag handed out
         self.tags = 0
 
-    def create(self, key: Tuple[int, int], setup: Callable[[int], Any]) -> Tuple[int, Any]:
+    def create(
+        self, key: Tuple[int, int], setup: Callable[[int], Any]
+    ) -> Tuple[int, Any, Callable[[], Any], Callable[[], bool]]:
         """Set up the request for ``key`` (collective: every rank at the same call); past
         :data:`REQUESTS` the oldest one goes."""
         self.tags += 1
         if len(self.entries) >= REQUESTS:
             self.entries.pop(next(iter(self.entries)))[1].Free()
-        entry = self.entries[key] = (self.tags, setup(key[1]))
+        request = setup(key[1])
+        entry = self.entries[key] = (self.tags, request, request.Start, request.Test)
         return entry
 
     def drop(self, key: Tuple[int, int]) -> None:
@@ -81,12 +86,12 @@ class Requests:
     def release(self, keep: bool) -> None:
         """Free every request (all inactive), or with ``keep`` hand them to ``abandon`` (the
         flow's transfers may not all have completed: nothing of its communicator is freed)."""
-        entries = list(self.entries.values())
+        requests = [entry[1] for entry in self.entries.values()]
         self.entries.clear()
         if keep:
-            abandon(entries)
+            abandon(requests)
             return
-        for _, request in entries:
+        for request in requests:
             with contextlib.suppress(Exception):  # MPI already finalized: nothing left to free
                 request.Free()
 
@@ -109,7 +114,8 @@ def compile_plan(
     requests = flow.requests
     entries, create, drop = requests.entries, requests.create, requests.drop
     peers = flow.size > 1
-    poll, monotonic = WAITING.poll, time.monotonic
+    waiting, monotonic, sched_yield = WAITING, time.monotonic, os.sched_yield
+    turns, burst, spins = range(CROWDED_TURNS), range(CROWDED_BURST), range(SPINS)
 
     def run(x: Any) -> Any:
         if flow.broken is not None:
@@ -128,9 +134,10 @@ def compile_plan(
                     if not agreed:
                         disagree(control, descriptor, deadline())
                 if agreed == SAME:
-                    request = (create(key, setup) if entry is None else entry)[1]
-                    request.Start()
-                    test = request.Test
+                    if entry is None:
+                        entry = create(key, setup)
+                    entry[2]()  # Start
+                    test = entry[3]
                 else:  # tags differ: nothing set up together; all run it as the full path does
                     key = None
                     drop((value, address))
@@ -142,8 +149,24 @@ def compile_plan(
         except Exception as error:
             note_failure(error)  # the agreement's or the library's: a timeout gives up, as in Flow.agree
             raise
-        if poll(test, SPINS) and not gave_up[0]:  # a small call is done before a deadline is worth computing
-            return x
+        # a small call is done before a deadline is worth computing (Waiting.poll, inline)
+        if waiting.crowded:
+            for _ in turns:
+                for _ in burst:
+                    if test():
+                        break
+                else:
+                    sched_yield()
+                    continue
+                if not gave_up[0]:
+                    return x
+                break
+        else:
+            for _ in spins:
+                if test():
+                    if not gave_up[0]:
+                        return x
+                    break
         try:
             settle(test, x)  # the deadline, a peer that gave up; on failure keeps x alive
         except BaseException:
@@ -165,21 +188,23 @@ def compile_plan(
     return traced
 
 
-def lookup(plans: Dict[Any, Run], collective: str, x: Any, call: Any) -> Tuple[Optional[tuple], Optional[Run]]:
+def lookup(
+    plans: Dict[Any, Run], collective: str, x: Any, call: Any, writes: bool
+) -> Tuple[Optional[tuple], Optional[Run]]:
     """The plan key of ``collective`` on ``x`` with the rest of the ``call`` (op, root), or None
-    for arrays that plans do not replay; and the plan already made for that key, if any."""
+    for arrays that plans do not replay; and the plan already made for that key, if any and if
+    it may run: a replay ``writes`` without revalidating, so a NumPy array must still be
+    writable then (a read-only one takes the full path, which says so)."""
     if type(x) is _ndarray:
         key: tuple = (collective, x.shape, x.strides, x.dtype, call)
-    elif plain_torch(x):
+        run = plans.get(key)
+        if writes and run is not None and not x.flags.writeable:
+            run = None
+        return key, run
+    if plain_torch(x):
         key = (collective, "torch", x.shape, x.stride(), x.dtype, call)
-    else:
-        return None, None
-    return key, plans.get(key)
-
-
-def writable(x: Any) -> bool:
-    """A replay writes without revalidating: a NumPy array must still be writable."""
-    return type(x) is not _ndarray or bool(x.flags.writeable)
+        return key, plans.get(key)
+    return None, None
 
 
 def plain_torch(x: Any) -> bool:

@@ -140,9 +140,10 @@ class Waiting:
 
 #: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
 #: collectives take a few progress calls of their own after the peer has delivered (MPICH's
-#: small allreduce: three, ~0.2 us each), and sleeping between those would hand the core to
-#: the peer for nothing
-CROWDED_BURST = 4
+#: small allreduce: three to six, ~0.2 us each, more right after a context switch), but the
+#: polls of a rank whose peer has not started yet are wasted; two a turn measured best on one
+#: core (a 4 KiB replay: about 5% faster than four, and one a turn about 25% slower)
+CROWDED_BURST = 2
 #: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
 #: and watches for a peer that gave up (:meth:`Waiting.poll`): a peer that shares the core and
 #: has nothing else to do answers within one or two

@@ -42,6 +42,8 @@ from .base import CROWDED_TURNS, DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, WAITING
 LINE = 8
 #: reads of a peer's line before the wait starts yielding the core (about a millisecond)
 SPINS = 20000
+#: the turns of a crowded wait for a peer's post before the full wait (base.CROWDED_TURNS)
+TURNS = range(CROWDED_TURNS)
 #: closed boards' windows: ``Win.Free`` is collective, so they live until the process ends
 _RETIRED: List[Any] = []
 
@@ -130,11 +132,19 @@ class Board:
         words[mine + 3] = tag
         self._sync()  # the values before the sequence number
         words[mine] = sequence  # a peer that sees it sees the values too
-        if self.crowded:
-            WAITING.ring()  # a peer may sleep waiting for this sequence number
+        if self.crowded:  # a peer may sleep waiting for this sequence number (Waiting.ring)
+            bells = WAITING.doorbells
+            if bells is not None:
+                bells.ring()
         for line in peers:
             if words[line] != sequence:
-                self._wait(line, sequence, deadline)
+                if self.crowded:  # the peer that must post shares this core: let it run, a few times
+                    for _ in TURNS:
+                        os.sched_yield()
+                        if words[line] == sequence:
+                            break
+                if words[line] != sequence:
+                    self._wait(line, sequence, deadline)
         self._sync()  # every peer's values after its sequence number
         if invalid:
             return DIFFERENT
@@ -151,11 +161,6 @@ class Board:
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
-        if self.crowded:  # the peer that must post shares this core: let it run, a few times
-            for _ in range(CROWDED_TURNS):
-                os.sched_yield()
-                if words[line] == sequence:
-                    return
         progress, sync, flag = self.progress, self._sync, self._flag
 
         def arrived() -> bool:
