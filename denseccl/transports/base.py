@@ -141,13 +141,14 @@ class Waiting:
 #: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
 #: collectives take a few progress calls of their own after the peer has delivered (MPICH's
 #: small allreduce: three to six, ~0.2 us each, more right after a context switch), but the
-#: polls of a rank whose peer has not started yet are wasted; two a turn measured best on one
-#: core (a 4 KiB replay: about 5% faster than four, and one a turn about 25% slower)
-CROWDED_BURST = 2
+#: polls of a rank whose peer has not started yet are wasted. Two to four measured alike on one
+#: core (a 4 KiB replay), one about 25% slower.
+CROWDED_BURST = 3
 #: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
 #: and watches for a peer that gave up (:meth:`Waiting.poll`): a peer that shares the core and
-#: has nothing else to do answers within one or two
-CROWDED_TURNS = 2
+#: has nothing else to do answers within a few (a replayed 4 KiB allreduce on two ranks: three
+#: context switches per call); two turns sent most replays into the full wait (about 6% slower)
+CROWDED_TURNS = 3
 #: how many times a crowded wait yields before it sleeps on its doorbell: a peer that shares
 #: an otherwise idle core answers a small call within one or two yields; a wait that needs
 #: more is for a slow or stalled peer, or the core is busy with other work, where a yielding
