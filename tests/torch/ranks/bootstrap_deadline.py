@@ -23,6 +23,8 @@ from denseccl.config import launched_by_mpi
 from tests.support.checker import Checker
 
 mode, seconds, skipper = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+#: how long a waiting rank lingers after its verdict (less than the skipper's sleep)
+GRACE_SECONDS = 5.0
 if launched_by_mpi():
     from mpi4py import MPI  # MPI_Init itself waits for every rank (the MPI library's PMI barrier)
 
@@ -49,6 +51,8 @@ def step() -> None:
 if mode == "subgroup":
     dt.init_process_group(timeout=120)
     dist.barrier()
+if launched_by_mpi():  # the timeouts start together, so the waiting ranks report together
+    MPI.COMM_WORLD.Barrier()
 if rank == skipper:
     check.report()  # the skipper only waits: it has nothing to check
     time.sleep(seconds + 20)
@@ -63,4 +67,6 @@ except denseccl.CollectiveTimeoutError as error:
     print(f"rank {rank}: {mode} raised CollectiveTimeoutError after {elapsed:.1f} s: {str(error)[:160]}", flush=True)
 except Exception as error:  # noqa: BLE001
     check.fail(f"{mode}: raised {type(error).__name__} instead: {error}")
-check.finish(hard_exit=True)
+# mpiexec ends the whole job once a rank leaves without MPI_Finalize: give another waiting rank
+# (three ranks) the time to print its verdict first
+check.finish(hard_exit=True, before_exit=lambda: time.sleep(GRACE_SECONDS if size > 2 else 0))
