@@ -4,7 +4,8 @@ A setting is read from the environment by :func:`settings`, which parses all of 
 rule per kind (booleans, seconds, words) and caches the result for as long as the environment
 holds the same values. Explicit arguments (``denseccl.init(check=..., timeout=...)``) win over
 the environment; :func:`seconds` is the one conversion for timeouts given as numbers or
-``datetime.timedelta``.
+``datetime.timedelta``. Below the settings, the tuning constants (polls, turns, caches) are
+named and documented in one place.
 
 =============================  ===============================================  ==========
 variable                       meaning                                          default
@@ -38,6 +39,50 @@ from .errors import DenseCCLError
 
 #: seconds a rank waits for its peers unless told otherwise
 DEFAULT_TIMEOUT = 300.0
+
+# -- tuning: every constant that trades latency, memory or politeness, in one place ----------
+
+#: polls of a transfer or an MPI agreement before a wait computes its deadline or gives the
+#: core up (uncrowded hosts): a peer on another core answers a small call within these
+SPINS = 64
+#: reads of a peer's board line before the agreement's wait starts yielding the core (about a
+#: millisecond, uncrowded hosts only: a read of shared memory costs no library call)
+BOARD_SPINS = 20000
+#: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
+#: collectives take a few progress calls of their own after the peer has delivered (MPICH's
+#: small allreduce: three to six, ~0.2 us each, more right after a context switch), but the
+#: polls of a rank whose peer has not started yet are wasted. Two to four measured alike on one
+#: core (a 4 KiB replay), one about 25% slower.
+CROWDED_BURST = 3
+#: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
+#: and watches for a peer that gave up: a peer that shares the core and has nothing else to do
+#: answers within a few (a repeated 4 KiB allreduce on two ranks: three context switches per
+#: call); two turns sent most repeated calls into the full wait (about 6% slower)
+CROWDED_TURNS = 3
+#: how many times a crowded wait yields before it sleeps on its doorbell: a peer that shares
+#: an otherwise idle core answers a small call within one or two yields; a wait that needs
+#: more is for a slow or stalled peer, or the core is busy with other work, where a yielding
+#: rank keeps running instead of the peer (the scheduler favours it) and sleeping is faster
+CROWDED_YIELDS = 8
+#: turns of a long wait between two reads of the clock (the deadline)
+CLOCK_TURNS = 32
+#: an uncrowded wait that has yielded this long starts sleeping :data:`SLEEP_SECONDS` a turn
+SLEEP_AFTER_SECONDS = 0.05
+SLEEP_SECONDS = 0.0002
+#: the longest a rank asleep on its doorbell goes without testing again (a missed wake-up
+#: costs at most this, never a hang)
+NAP_SECONDS = 0.0002
+#: prepared calls kept per communicator (the cache of repeated geometries) before it starts over
+PREPARED_CALLS = 512
+#: persistent MPI requests kept per communicator (the oldest is freed past this)
+PERSISTENT_REQUESTS = 64
+#: a float16/bfloat16 MPI allreduce of at least this many bytes that is waited for at once runs
+#: as reduce-scatter + allgather (backends/mpi/transport.py)
+SPLIT_HALVES_BYTES = 1 << 20
+#: how long a rank that gives up drives MPI to deliver its "gave up" notes before it raises
+NOTE_PUSH_SECONDS = 0.2
+#: the longest single blocking wait on a key-value store; the deadline is checked between waits
+STORE_WAIT_SLICE = 30.0
 
 #: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
 MPI_LAUNCH_VARIABLES = (

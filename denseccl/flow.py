@@ -36,16 +36,11 @@ from . import log, streams
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import Requests, compile_plan
-from .transports.base import (
-    DONE, UNPLANNED, WAITING, ControlChannel, Pending, Transport, abandon, deadline_after, wait_until,
-)
+from .transports.base import DONE, UNPLANNED, ControlChannel, Pending, Transport, abandon
+from .wait import Test, deadline_after, soon, wait_until
 from .work import Work
 
 T = TypeVar("T")
-#: polls of a transfer before a wait computes its deadline and watches for a peer that gave up
-SPINS = 64
-#: a transfer's test: True once it has completed (never blocks)
-Test = Callable[[], bool]
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
 
@@ -205,7 +200,7 @@ class Flow:
         """Poll ``test`` until the transfer has completed; raise if a peer gave up on it or
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
-            if not WAITING.poll(test, SPINS):  # a small call is done before a deadline is worth computing
+            if not soon(test):  # a small call is done before a deadline is worth computing
                 wait_until(test, self.deadline(timeout), "the collective", watch=self._watch)
             if self._gave_up[0]:
                 self._after()

@@ -13,7 +13,6 @@ Python on top of MPI.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
@@ -23,19 +22,15 @@ import numpy as np
 from . import log
 from .agreement import Descriptor, digest, disagree
 from .arrays import Buffer, data_pointer
-from .transports.base import CROWDED_BURST, CROWDED_TURNS, SAME, UNPLANNED, WAITING, abandon
+from . import config
+from .transports.base import SAME, UNPLANNED, abandon
+from .wait import soon
 
 if TYPE_CHECKING:
     from .flow import Flow, Test
 
 _ndarray = np.ndarray
 
-#: Plans kept per communicator before the cache starts over.
-LIMIT = 512
-#: polls before a replayed call computes its deadline
-SPINS = 64
-#: persistent requests kept per communicator (:class:`Requests`)
-REQUESTS = 64
 
 #: a plan: runs the remembered call on an array of its geometry and returns that array
 Run = Callable[[Any], Any]
@@ -69,9 +64,9 @@ class Requests:
         self, key: Tuple[int, int], setup: Callable[[int], Any]
     ) -> Tuple[int, Any, Callable[[], Any], Callable[[], bool]]:
         """Set up the request for ``key`` (collective: every rank at the same call); past
-        :data:`REQUESTS` the oldest one goes."""
+        :data:`config.PERSISTENT_REQUESTS` the oldest one goes."""
         self.tags += 1
-        if len(self.entries) >= REQUESTS:
+        if len(self.entries) >= config.PERSISTENT_REQUESTS:
             self.entries.pop(next(iter(self.entries)))[1].Free()
         request = setup(key[1])
         entry = self.entries[key] = (self.tags, request, request.Start, request.Test)
@@ -114,8 +109,7 @@ def compile_plan(
     requests = flow.requests
     entries, create, drop = requests.entries, requests.create, requests.drop
     peers = flow.size > 1
-    waiting, monotonic, sched_yield = WAITING, time.monotonic, os.sched_yield
-    turns, burst, spins = range(CROWDED_TURNS), range(CROWDED_BURST), range(SPINS)
+    monotonic = time.monotonic
 
     def run(x: Any) -> Any:
         if flow.broken is not None:
@@ -149,24 +143,8 @@ def compile_plan(
         except Exception as error:
             note_failure(error)  # the agreement's or the library's: a timeout gives up, as in Flow.agree
             raise
-        # a small call is done before a deadline is worth computing (Waiting.poll, inline)
-        if waiting.crowded:
-            for _ in turns:
-                for _ in burst:
-                    if test():
-                        break
-                else:
-                    sched_yield()
-                    continue
-                if not gave_up[0]:
-                    return x
-                break
-        else:
-            for _ in spins:
-                if test():
-                    if not gave_up[0]:
-                        return x
-                    break
+        if soon(test) and not gave_up[0]:  # a small call is done before a deadline is worth computing
+            return x
         try:
             settle(test, x)  # the deadline, a peer that gave up; on failure keeps x alive
         except BaseException:
@@ -218,6 +196,6 @@ def plain_torch(x: Any) -> bool:
 
 
 def remember(plans: Dict[Any, Run], key: Any, run: Run) -> None:
-    if len(plans) >= LIMIT:
+    if len(plans) >= config.PREPARED_CALLS:
         plans.clear()
     plans[key] = run

@@ -36,7 +36,7 @@ def _gpu_problem() -> Optional[str]:
 def _waits_line(world: Any) -> str:
     """How denseccl waits on this run's hosts (docs/performance-pinning.md). Collective over
     ``world``: the ranks of each host compare their CPUs and cgroup quotas."""
-    from ..transports.base import WAITING  # noqa: PLC0415
+    from ..wait import WAITING  # noqa: PLC0415
     from ..transports.cores import host_crowded, local_placement  # noqa: PLC0415
 
     crowded = host_crowded(world)

@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 from .. import config, log
 from ..communicator import Communicator
 from ..errors import DenseCCLError
-from ..transports.base import deadline_after
+from ..wait import deadline_after
 from . import gloo, mpi, nccl, rendezvous
 
 #: the options of ``init(**options)`` that each backend takes

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from .. import config, log
 from ..communicator import Communicator
 from ..errors import CollectiveTimeoutError, DenseCCLError
+from ..wait import wait_until
 
 
 def import_mpi() -> Any:
@@ -29,7 +30,7 @@ def init_mpi(
     """A Communicator over two duplicates of ``comm`` (default ``COMM_WORLD``): one for the data,
     one for the agreement step."""
     MPI = import_mpi()
-    from ..transports.base import abandon, wait_until  # noqa: PLC0415
+    from ..transports.base import abandon  # noqa: PLC0415
     from ..transports.mpi import MPITransport, open_control  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD

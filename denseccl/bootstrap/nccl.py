@@ -26,7 +26,7 @@ from typing import Any, Optional, Tuple
 from .. import config
 from ..communicator import Communicator
 from ..errors import DenseCCLError
-from ..transports.base import deadline_after
+from ..wait import deadline_after
 from .rendezvous import env_int, env_launch, env_store, store_namespace
 
 INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"

@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config
-from ..transports.base import abandon, wait_until
+from ..transports.base import abandon
+from ..wait import wait_until
 
 
 class Step:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
 
-from .. import config
 from ..dtypes import DType
-from ..errors import CollectiveTimeoutError, DenseCCLError
+from ..errors import DenseCCLError
 from ..ops import Op
+from ..wait import wait_until
 
 
 class Pending(ABC):
@@ -73,91 +72,6 @@ def abandon(*things: Any, _kept: List[Any] = _ABANDONED) -> None:
     _kept.append(things)
 
 
-class Waiting:
-    """How this process waits for its peers (one policy for the whole process: whether a peer
-    shares this rank's core is a fact of the host, not of a communicator).
-
-    Uncrowded, a wait polls ``spins`` times before it yields the core: a peer on another core
-    answers within microseconds, and a context switch would cost more than it saves. Crowded
-    (the host's ranks cannot each have a core of their own: cores.py), polling only keeps the
-    peer that must run off the core, so a wait gives the core up from its first turn on, after
-    a short burst of polls each turn (:data:`CROWDED_BURST`): it yields, which hands the core
-    to a runnable peer in about a microsecond, :data:`CROWDED_YIELDS` times; a wait that lasts
-    longer sleeps on its doorbell where the host has them (doorbell.py), so that a stalled peer
-    does not keep the core busy. Sleeping at once costs a timer per wait, tens of
-    microseconds in a virtual machine (a 4 KiB allreduce on one core: 120-140 us sleeping, 27-36
-    us yielding). Bootstrap decides (:meth:`note`); ``DENSECCL_WAIT`` overrides it: ``spin``
-    waits as if uncrowded, ``yield`` as if crowded but never sleeping."""
-
-    __slots__ = ("crowded", "doorbells")
-
-    def __init__(self) -> None:
-        #: the host's ranks share cores: never poll more than a burst without giving the core up
-        self.crowded = False
-        #: where crowded waits sleep (doorbell.Doorbells), or None: they yield
-        self.doorbells: Any = None
-
-    def note(self, crowded: bool, doorbells: Any = None) -> None:
-        """Record what bootstrap found, unless ``DENSECCL_WAIT`` says otherwise. Only ever
-        turns crowding on: a sub-communicator's ranks compete for the cores with every other
-        rank of the host. ``doorbells``: the host's (the largest set wins)."""
-        policy = config.settings().wait
-        self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        if (
-            policy == "auto"
-            and doorbells is not None
-            and (self.doorbells is None or doorbells.size >= self.doorbells.size)
-        ):
-            if self.doorbells is not None:
-                self.doorbells.retire()
-            self.doorbells = doorbells
-
-    def spins(self, spins: int) -> int:
-        """How many of ``spins`` polls a caller may make before it waits (:func:`wait_until`)."""
-        return 0 if self.crowded else spins
-
-    def ring(self) -> None:
-        """Wake the peers that sleep on their doorbells (crowded hosts; else nothing)."""
-        if self.crowded and self.doorbells is not None:
-            self.doorbells.ring()
-
-    def poll(self, test: Callable[[], bool], spins: int) -> bool:
-        """The first polls of a wait, before a deadline is worth computing: ``spins`` of them;
-        crowded, :data:`CROWDED_TURNS` turns of :data:`CROWDED_BURST` polls, each turn then
-        yielding the core to the peer that shares it. True once ``test()`` is."""
-        if not self.crowded:
-            for _ in range(spins):
-                if test():
-                    return True
-            return False
-        for _ in range(CROWDED_TURNS):
-            for _ in range(CROWDED_BURST):
-                if test():
-                    return True
-            os.sched_yield()
-        return False
-
-
-#: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
-#: collectives take a few progress calls of their own after the peer has delivered (MPICH's
-#: small allreduce: three to six, ~0.2 us each, more right after a context switch), but the
-#: polls of a rank whose peer has not started yet are wasted. Two to four measured alike on one
-#: core (a 4 KiB replay), one about 25% slower.
-CROWDED_BURST = 3
-#: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
-#: and watches for a peer that gave up (:meth:`Waiting.poll`): a peer that shares the core and
-#: has nothing else to do answers within a few (a replayed 4 KiB allreduce on two ranks: three
-#: context switches per call); two turns sent most replays into the full wait (about 6% slower)
-CROWDED_TURNS = 3
-#: how many times a crowded wait yields before it sleeps on its doorbell: a peer that shares
-#: an otherwise idle core answers a small call within one or two yields; a wait that needs
-#: more is for a slow or stalled peer, or the core is busy with other work, where a yielding
-#: rank keeps running instead of the peer (the scheduler favours it) and sleeping is faster
-CROWDED_YIELDS = 8
-#: this process's waiting policy
-WAITING = Waiting()
-
-
 def split_members(entries: Sequence[Sequence[int]], color: int) -> List[int]:
     """The ranks whose entry ``(color, key)`` (indexed by rank) has ``color``, ordered by
     ``(key, rank)``: the ranks of a split's new group, in the order MPI and NCCL give them."""
@@ -168,67 +82,6 @@ def is_timeout(error: BaseException) -> bool:
     """Whether a library's error (gloo's, a store's) says that it timed out."""
     text = str(error).lower()
     return isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text
-
-
-def deadline_after(seconds: Optional[float]) -> Optional[float]:
-    """The ``time.monotonic()`` value ``seconds`` from now (None: no deadline)."""
-    return None if seconds is None else time.monotonic() + seconds
-
-
-def wait_until(
-    test: Callable[[], bool],
-    deadline: Optional[float],
-    what: str,
-    spins: int = 64,
-    burst: int = CROWDED_BURST,
-    watch: Optional[Callable[[], None]] = None,
-) -> None:
-    """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
-    after every poll, then sleep briefly (a long wait for a slow peer should not burn a core).
-    Where ranks share cores (:class:`Waiting`) it gives the core up from the first turn on,
-    after a burst of ``burst`` polls each turn (1 for a test only a peer can make true): it
-    yields, and after :data:`CROWDED_YIELDS` yields it sleeps on its doorbell where the host
-    has them. ``watch``, called once a turn before the core is given
-    up, raises if the wait is hopeless (a peer gave up). Raise :class:`CollectiveTimeoutError`
-    once ``deadline`` has passed."""
-    per_turn, doorbells = 1, None
-    if WAITING.crowded:
-        spins, per_turn, doorbells = 0, burst, WAITING.doorbells
-    for _ in range(spins):
-        if test():
-            return
-    started = time.monotonic()
-    doze = None  # the doorbell's sleep, once yielding has lasted long enough
-    turns = 0
-    while True:
-        for _ in range(per_turn):
-            if test():
-                if doze is not None:
-                    WAITING.ring()  # a peer may sleep waiting for what this completion did
-                return
-        if watch is not None:
-            watch()
-        turns += 1
-        if turns & 31:
-            if doze is None:
-                os.sched_yield()
-                if turns >= CROWDED_YIELDS and doorbells is not None:
-                    doze = doorbells.doze
-                    doorbells.ring()  # a peer may sleep waiting for what this wait's polls moved
-            elif doze(test):
-                WAITING.ring()
-                return
-            continue
-        now = time.monotonic()
-        if deadline is not None and now > deadline:
-            raise CollectiveTimeoutError(
-                f"{what} did not complete within the timeout: a peer never joined (it may have crashed, "
-                "be stuck, or have called a different sequence of collectives). The communicator is now "
-                "broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers "
-                "are just slow"
-            )
-        if doorbells is None and now - started > 0.05:
-            time.sleep(0.0002)
 
 
 class Transport(ABC):

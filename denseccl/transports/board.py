@@ -36,14 +36,13 @@ from typing import Any, Callable, List, Optional
 from .. import config
 from ..errors import peer_gave_up_error
 from . import cores
-from .base import CROWDED_TURNS, DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, WAITING, wait_until
+from ..wait import WAITING, wait_until
+from .base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, tag, padding)
 LINE = 8
-#: reads of a peer's line before the wait starts yielding the core (about a millisecond)
-SPINS = 20000
-#: the turns of a crowded wait for a peer's post before the full wait (base.CROWDED_TURNS)
-TURNS = range(CROWDED_TURNS)
+#: the turns of a crowded wait for a peer's post before the full wait
+TURNS = range(config.CROWDED_TURNS)
 #: closed boards' windows: ``Win.Free`` is collective, so they live until the process ends
 _RETIRED: List[Any] = []
 
@@ -73,7 +72,7 @@ class Board:
         self.size = size
         #: the host's ranks cannot each have a core of their own (cores.py): waits yield at once
         self.crowded = crowded
-        self._spins = 0 if crowded else SPINS
+        self._spins = 0 if crowded else config.BOARD_SPINS
         self._words = memoryview(memory).cast("B").cast("q")
         self._sync = sync if sync is not None else _no_barrier
         self._window = window
@@ -96,7 +95,7 @@ class Board:
         its ranks do not all share this host's memory or boards are off. ``crowded``: whether
         the host's ranks share cores (a split passes its parent's; by default judged here
         from every rank of this host, cores.py). Either way the process's waits follow it
-        (``base.WAITING``)."""
+        (``wait.WAITING``)."""
         from mpi4py import MPI  # noqa: PLC0415 - the board is built on an MPI communicator
 
         rank, size = comm.Get_rank(), comm.Get_size()

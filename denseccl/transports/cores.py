@@ -1,6 +1,6 @@
 """How many cores the ranks of one host may use, and whether each rank can have one of its own.
 
-A rank that waits for a peer by polling (``base.wait_until``, the board's inline reads) wins
+A rank that waits for a peer by polling (``wait.wait_until``, the board's inline reads) wins
 latency only while the peer runs on another core. When the peer can only run on the same core,
 every poll keeps it off that core until the scheduler's time slice ends: a 4 KiB allreduce then
 takes milliseconds instead of microseconds. ``os.cpu_count()`` cannot tell: it counts the
@@ -24,7 +24,7 @@ import math
 import os
 from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from .base import WAITING
+from ..wait import WAITING
 from .doorbell import Doorbells
 
 class Placement(NamedTuple):
@@ -176,7 +176,7 @@ def crowded(node: Any) -> bool:
 
 def host_crowded(comm: Any) -> bool:
     """Collective over the mpi4py communicator ``comm``: whether its ranks on this host are
-    crowded; recorded in this process's wait policy (``base.WAITING``) with the host's
+    crowded; recorded in this process's wait policy (``wait.WAITING``) with the host's
     doorbells (doorbell.py) where they are."""
     from mpi4py import MPI  # noqa: PLC0415 - only MPI jobs exchange placements
 

@@ -2,13 +2,13 @@
 
 When a host's ranks cannot each have a core of their own (cores.py), a rank that polls while
 it waits burns the time its peer needs. A crowded wait first yields the core after each short
-burst of polls (base.wait_until): the peer that shares the core runs at once, and a small
+burst of polls (wait.wait_until): the peer that shares the core runs at once, and a small
 call completes within a few turns. A wait that lasts longer (a slow or stalled peer) must not
 keep the core busy with yields, so it raises its ``asleep`` flag, tests once more, and sleeps
 on its doorbell (a futex in an MPI shared window, with a short timeout); a rank rings the
 doorbells of sleeping peers before the first sleep of a wait, after it posts an agreement and
 when one of its waits ends: whatever a peer waits for was made by one of those steps. A wake-up that is
-missed costs at most the nap (:data:`NAP_SECONDS`), never a hang: every sleep times out and
+missed costs at most the nap (:data:`config.NAP_SECONDS`), never a hang: every sleep times out and
 tests again.
 
 Linux futexes through ``syscall(2)``, on the processors listed in :data:`FUTEX_SYSCALL`;
@@ -22,6 +22,8 @@ import ctypes
 import platform
 import sys
 from typing import Any, Callable, List, Optional
+
+from .. import config
 
 #: the futex system call's number per processor (Linux)
 FUTEX_SYSCALL = {
@@ -38,8 +40,6 @@ FUTEX_SYSCALL = {
     "armv7l": 240,
 }
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not the _PRIVATE variants
-#: the longest a sleeping waiter goes without testing again
-NAP_SECONDS = 0.0002
 #: 32-bit words per rank, one cache line: (rings, asleep)
 WORDS = 16
 #: doorbells replaced by a larger host's: their windows live until the process ends
@@ -89,8 +89,8 @@ class Doorbells:
         self._window = window
         self._mine = rank * WORDS
         self._peers = tuple(peer * WORDS for peer in range(size) if peer != rank)
-        seconds = int(NAP_SECONDS)
-        self._nap = _Timespec(seconds, int((NAP_SECONDS - seconds) * 1e9))
+        seconds = int(config.NAP_SECONDS)
+        self._nap = _Timespec(seconds, int((config.NAP_SECONDS - seconds) * 1e9))
 
     @classmethod
     def open(cls, node: Any) -> Optional["Doorbells"]:
@@ -136,7 +136,7 @@ class Doorbells:
         after the flag is up: a peer that makes it true afterwards sees the flag and rings).
         Returns the last test's result (False after a sleep). It rings no peer: two ranks that
         both wait for a third would otherwise wake each other over and over; the caller rings
-        once before its first doze of a wait (:func:`base.wait_until`)."""
+        once before its first doze of a wait (:func:`denseccl.wait.wait_until`)."""
         words, mine = self._words, self._mine
         rings = words[mine]
         words[mine + 1] = 1

@@ -30,7 +30,8 @@ from torch.distributed import PrefixStore, ProcessGroupGloo
 from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from .base import ControlChannel, Pending, Transport, deadline_after, is_timeout, split_members
+from ..wait import deadline_after
+from .base import ControlChannel, Pending, Transport, is_timeout, split_members
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from mpi4py import MPI
 
+from .. import config
 from ..dtypes import DType
 from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
@@ -55,9 +56,6 @@ _BASE_OPS = {
     ReduceOp.MAX: MPI.MAX,
 }
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
-#: a float16/bfloat16 allreduce of at least this many bytes that is waited for at once runs as
-#: reduce-scatter + allgather
-SPLIT_HALVES_BYTES = 1 << 20
 
 
 def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
@@ -197,7 +195,7 @@ class MPITransport(Transport):
             self._finish_average(recv, count, dtype)()
 
     def _split_halves(self, count: int, dtype: DType) -> bool:
-        return self.size > 1 and count * dtype.itemsize >= SPLIT_HALVES_BYTES and host_kernels.is_half(dtype)
+        return self.size > 1 and count * dtype.itemsize >= config.SPLIT_HALVES_BYTES and host_kernels.is_half(dtype)
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         kind = op_kind(op)

@@ -19,17 +19,16 @@ from typing import Any, NoReturn, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import log
+from .. import config, log
 from ..errors import CommunicatorBrokenError, peer_gave_up_error
 from . import cores
-from .base import UNPLANNED, AllEqual, ControlChannel, Flag, abandon, answer, wait_until
+from ..wait import wait_until
+from .base import UNPLANNED, AllEqual, ControlChannel, Flag, abandon, answer
 from .board import Board
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
 GAVE_UP_TAG = 0x6A7E
-#: how long a rank that gives up drives MPI to deliver its notes before it raises
-NOTE_PUSH_SECONDS = 0.2
 
 
 class MPIControl(ControlChannel):
@@ -119,7 +118,7 @@ class MPIControl(ControlChannel):
         abandon(requests, note)
         # MPI moves a message only inside MPI calls: push the notes out now (a stopped or dead
         # peer cannot take them, so the push is bounded; a later MPI call here moves them on)
-        pushed_by = time.monotonic() + NOTE_PUSH_SECONDS
+        pushed_by = time.monotonic() + config.NOTE_PUSH_SECONDS
         while not MPI.Request.Testall(requests) and time.monotonic() < pushed_by:
             os.sched_yield()
 

@@ -22,8 +22,6 @@ from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from .base import ControlChannel, is_timeout, split_members
 
-#: Longest single blocking wait on the store; the deadline is checked between waits.
-_WAIT_SLICE = 30.0
 _MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
 
 
@@ -42,7 +40,7 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
                 "have called a different sequence of collectives). The communicator is now broken; raise the "
                 "timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers are just slow"
             )
-        span = _WAIT_SLICE if remaining is None else min(remaining, _WAIT_SLICE)
+        span = config.STORE_WAIT_SLICE if remaining is None else min(remaining, config.STORE_WAIT_SLICE)
         try:
             store.wait(keys, timedelta(seconds=max(span, 0.001)))
             return

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from denseccl import config
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
 from denseccl.transports import board as board_module
 from denseccl.transports.base import DIFFERENT, MIXED_TAGS, SAME
@@ -84,7 +85,7 @@ def test_tags_answer_apart_from_the_values(size: int) -> None:
 
 
 def test_a_peer_that_never_arrives_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(board_module, "SPINS", 100)  # read at construction
+    monkeypatch.setattr(config, "BOARD_SPINS", 100)  # read at construction
     lonely = boards(2)[0]
     started = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match="agreement step did not complete"):

@@ -11,7 +11,7 @@ import pytest
 from denseccl import config
 from denseccl.errors import DenseCCLError
 from denseccl.transports import cores
-from denseccl.transports.base import Waiting
+from denseccl.wait import Waiting
 from denseccl.transports.cores import Placement
 
 

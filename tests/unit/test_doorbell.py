@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from denseccl import config
 from denseccl.transports import doorbell
 from denseccl.transports.doorbell import WORDS, Doorbells, futex_call
 
@@ -17,7 +18,7 @@ needs_futex = pytest.mark.skipif(futex is None, reason="no futex system call kno
 
 
 def bells(size: int, monkeypatch: pytest.MonkeyPatch, nap: float) -> list:
-    monkeypatch.setattr(doorbell, "NAP_SECONDS", nap)  # read at construction
+    monkeypatch.setattr(config, "NAP_SECONDS", nap)  # read at construction
     page = (ctypes.c_int32 * (size * WORDS))()
     return [Doorbells(page, ctypes.addressof(page), rank, size, futex, lambda: None) for rank in range(size)]  # type: ignore[arg-type]
 

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import denseccl
 from denseccl.dtypes import DTYPES
-from denseccl.plans import REQUESTS
+from denseccl.config import PERSISTENT_REQUESTS as REQUESTS
 from tests.support.checker import Checker
 
 comm = denseccl.init()

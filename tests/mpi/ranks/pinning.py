@@ -31,7 +31,7 @@ if len(sys.argv) > 3:
 import numpy as np  # noqa: E402 - after pinning, as a launcher would have pinned
 
 import denseccl  # noqa: E402
-from denseccl.transports.base import WAITING  # noqa: E402
+from denseccl.wait import WAITING  # noqa: E402
 from denseccl.transports.doorbell import futex_call  # noqa: E402
 from tests.support.checker import Checker  # noqa: E402
 

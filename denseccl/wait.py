@@ -1,0 +1,163 @@
+"""How a rank waits: the one wait loop and the process's crowded policy.
+
+Every wait in denseccl (a transfer, the agreement step, a bootstrap step, the torch adapter's
+progress thread) is :func:`wait_until`. Its shape depends on one fact of the host, recorded
+once in :data:`WAITING` by the backend's bootstrap (the MPI backend detects placement from
+affinity masks and cgroup quotas, backends/mpi/cores.py):
+
+- uncrowded (every rank has a core of its own): poll :data:`config.SPINS` times, then yield
+  the core after each poll, then sleep briefly; a peer on another core answers within
+  microseconds and a context switch would cost more than it saves;
+- crowded (the host's ranks share cores): polling only keeps the peer that must run off the
+  core, so a wait gives the core up from its first turn on, after a short burst of polls
+  (:data:`config.CROWDED_BURST`); it yields, and after :data:`config.CROWDED_YIELDS` yields
+  sleeps on its doorbell where the host has them (backends/mpi/doorbell.py), so that a
+  stalled peer does not keep the core busy.
+
+``DENSECCL_WAIT`` overrides the detection: ``spin`` waits as if uncrowded, ``yield`` as if
+crowded but never sleeping. The tuning constants live in config.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional
+
+from . import config
+from .errors import CollectiveTimeoutError
+
+#: a transfer's (or any wait's) test: True once done, never blocks
+Test = Callable[[], bool]
+
+
+class Waiting:
+    """This process's waiting policy (one for the whole process: whether a peer shares this
+    rank's core is a fact of the host, not of a communicator)."""
+
+    __slots__ = ("crowded", "doorbells")
+
+    def __init__(self) -> None:
+        #: the host's ranks share cores: never poll more than a burst without giving the core up
+        self.crowded = False
+        #: where crowded waits sleep (an object with ``size``, ``ring()``, ``doze(test)`` and
+        #: ``retire()``: backends/mpi/doorbell.py), or None: they yield
+        self.doorbells: Any = None
+
+    def note(self, crowded: bool, doorbells: Any = None) -> None:
+        """Record what bootstrap found, unless ``DENSECCL_WAIT`` says otherwise. Only ever
+        turns crowding on: a sub-communicator's ranks compete for the cores with every other
+        rank of the host. ``doorbells``: the host's (the largest set wins)."""
+        policy = config.settings().wait
+        self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
+        if (
+            policy == "auto"
+            and doorbells is not None
+            and (self.doorbells is None or doorbells.size >= self.doorbells.size)
+        ):
+            if self.doorbells is not None:
+                self.doorbells.retire()
+            self.doorbells = doorbells
+
+    def spins(self, spins: int) -> int:
+        """How many of ``spins`` polls a caller may make before it gives the core up."""
+        return 0 if self.crowded else spins
+
+    def ring(self) -> None:
+        """Wake the peers that sleep on their doorbells (crowded hosts; else nothing)."""
+        if self.crowded and self.doorbells is not None:
+            self.doorbells.ring()
+
+
+#: this process's waiting policy
+WAITING = Waiting()
+
+
+def deadline_after(seconds: Optional[float]) -> Optional[float]:
+    """The ``time.monotonic()`` value ``seconds`` from now (None: no deadline)."""
+    return None if seconds is None else time.monotonic() + seconds
+
+
+def soon(
+    test: Test,
+    _waiting: Waiting = WAITING,
+    _spins: range = range(config.SPINS),
+    _turns: range = range(config.CROWDED_TURNS),
+    _burst: range = range(config.CROWDED_BURST),
+    _yield: Callable[[], None] = os.sched_yield,
+) -> bool:
+    """The first polls of a wait, before a deadline is worth computing: True once ``test()``
+    is. Uncrowded, :data:`config.SPINS` polls; crowded, :data:`config.CROWDED_TURNS` turns of
+    :data:`config.CROWDED_BURST` polls, each turn then yielding the core to the peer that
+    shares it. A small call completes here (the defaults are bound once: this runs on every
+    call)."""
+    if not _waiting.crowded:
+        for _ in _spins:
+            if test():
+                return True
+        return False
+    for _ in _turns:
+        for _ in _burst:
+            if test():
+                return True
+        _yield()
+    return False
+
+
+def wait_until(
+    test: Test,
+    deadline: Optional[float],
+    what: str,
+    spins: int = config.SPINS,
+    burst: int = config.CROWDED_BURST,
+    watch: Optional[Callable[[], None]] = None,
+) -> None:
+    """Poll ``test`` until it is true: spin ``spins`` times first (latency), then yield the core
+    after every poll, then sleep briefly (a long wait for a slow peer should not burn a core).
+    Crowded (:class:`Waiting`), it gives the core up from the first turn on, after a burst of
+    ``burst`` polls each turn (1 for a test only a peer can make true): it yields, and after
+    :data:`config.CROWDED_YIELDS` yields it sleeps on its doorbell where the host has them.
+    ``watch``, called once a turn before the core is given up, raises if the wait is
+    hopeless (a peer gave up). Raise :class:`CollectiveTimeoutError` once ``deadline`` has
+    passed."""
+    per_turn, doorbells = 1, None
+    if WAITING.crowded:
+        spins, per_turn, doorbells = 0, burst, WAITING.doorbells
+    for _ in range(spins):
+        if test():
+            return
+    started = time.monotonic()
+    doze = None  # the doorbell's sleep, once yielding has lasted long enough
+    turns = 0
+    while True:
+        for _ in range(per_turn):
+            if test():
+                if doze is not None:
+                    WAITING.ring()  # a peer may sleep waiting for what this completion did
+                return
+        if watch is not None:
+            watch()
+        turns += 1
+        if turns % config.CLOCK_TURNS:
+            if doze is None:
+                os.sched_yield()
+                if turns >= config.CROWDED_YIELDS and doorbells is not None:
+                    doze = doorbells.doze
+                    doorbells.ring()  # a peer may sleep waiting for what this wait's polls moved
+            elif doze(test):
+                WAITING.ring()
+                return
+            continue
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            raise CollectiveTimeoutError(
+                f"{what} did not complete within the timeout: a peer never joined (it may have crashed, "
+                "be stuck, or have called a different sequence of collectives). The communicator is now "
+                "broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers "
+                "are just slow"
+            )
+        if doorbells is None and now - started > config.SLEEP_AFTER_SECONDS:
+            time.sleep(config.SLEEP_SECONDS)
+
+
+__all__ = ["WAITING", "Test", "Waiting", "deadline_after", "soon", "wait_until"]
