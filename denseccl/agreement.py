@@ -3,10 +3,13 @@
 shape).
 
 Cheap path: one step of the control channel (``all_equal``) tells every rank at once whether all
-digests are equal and nobody's input was invalid: a host allreduce (max) of ``[digest, -digest,
-invalid]``, or, when every rank shares one host, a shared-memory arrival board (board.py). Only
-on disagreement do the ranks exchange full descriptors, so that every rank raises the same,
-complete error.
+digests are equal and nobody's input was invalid: by default a host allreduce (max) of
+``[digest, -digest, invalid]``. The MPI backend's channels carry seven words instead,
+``[digest, -digest, invalid, sequence, -sequence, tag, -tag]`` (the call's sequence number
+catches a rank that skipped a call; the tag pairs persistent requests), or, when every rank
+shares one host, post ``(digest, invalid, tag)`` and a sequence number on a shared-memory
+arrival board (backends/mpi/board.py). Only on disagreement do the ranks exchange full
+descriptors, so that every rank raises the same, complete error.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
 from .layout import LayoutKey
-from .transports.base import ControlChannel
+from .transports.base import ControlChannel, Step
 
 _FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
 
@@ -60,14 +63,20 @@ def digest(descriptor: Descriptor) -> int:
 
 def agree(
     control: ControlChannel, descriptor: Descriptor, deadline: Optional[float], invalid: Optional[BaseException] = None,
-    value: Optional[int] = None,
+    value: Optional[int] = None, step: Optional[Step] = None, address: int = 0,
 ) -> None:
-    """Return when every rank holds ``descriptor`` and none is invalid. Otherwise raise on every
-    rank: ``invalid`` itself on a rank that passed one, :class:`MismatchError` elsewhere.
-    ``value``: ``digest(descriptor)`` when the caller has it already (plans.py)."""
+    """The agreement step, the only entry to it: return when every rank holds ``descriptor``
+    and none is invalid. Otherwise raise on every rank: ``invalid`` itself on a rank that
+    passed one, :class:`MismatchError` elsewhere. ``value``: ``digest(descriptor)`` when the
+    caller has it already (a prepared call). ``step``: a prepared call's own form of the step
+    (``Start.step``, given ``address``), else the channel's ``all_equal``."""
     if value is None:
         value = digest(descriptor)
-    if not control.all_equal(value, invalid is not None, deadline):
+    if step is None:
+        agreed = control.all_equal(value, invalid is not None, deadline)
+    else:
+        agreed = step(control, value, invalid is not None, deadline, address)
+    if not agreed:
         disagree(control, descriptor, deadline, invalid)
 
 

@@ -1,9 +1,11 @@
-"""The Communicator: validate locally, then run the one flow (flow.py): agree -> start -> complete.
+"""The Communicator: validate locally into a call, then run the engine (flow.py).
 
-Each collective validates its inputs into a descriptor and a transport call; a rank whose input
-fails validation still joins the agreement step (as "invalid", :meth:`Flow.fail`) so that every
-rank raises and nobody is left waiting; nothing is written before agreement succeeds. A
-synchronous in-place call on a host array leaves a plan that replays it (plans.py).
+Each collective validates its inputs into a :class:`~denseccl.calls.Call` (descriptor, digest,
+the transport's start); a rank whose input fails validation still joins the agreement step (as
+"invalid", :meth:`Flow.fail`) so that every rank raises and nobody is left waiting; nothing is
+written before agreement succeeds. A synchronous in-place call on a host array is validated
+once per geometry: the call prepared then is kept (``flow.calls``) and a repeated call looks it
+up instead of validating again (calls.py). Either way :meth:`Flow.run` runs it.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from typing import Any, Optional, Tuple
 
 from . import config, streams
 from .agreement import Descriptor
+from .calls import Call, general, key_of, prepared, remember, usable
 from .arrays import HOST, Buffer, allocate, as_buffer
-from .dtypes import DTYPES
+from .dtypes import DTYPES, DType
 from .errors import LayoutError
 from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
-from .plans import lookup, remember
 from .transports.base import ControlChannel, Transport
 from .work import Work
 
@@ -80,9 +82,10 @@ class Communicator:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
         if out is None and stream is None and not async_op and type(op) is str:
-            key, run = lookup(self.flow.plans, "allreduce", x, op, True)
-            if run is not None:
-                return run(x)
+            key = key_of("allreduce", x, op)
+            call = usable(self.flow.calls.get(key), x, True)
+            if call is not None:
+                return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
         flow.usable()
         try:
@@ -95,13 +98,11 @@ class Communicator:
         except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
             flow.fail("allreduce", error)
         count, dtype, transport = source.layout.numel, DTYPES[source.layout.dtype], self.transport
-        # waited for at once: the transport may split it into calls issued one after the other
-        start = None if not count else transport.allreduce if async_op else transport.allreduce_now
-        args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
-        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
-        if key is not None and count and not transport.device_memory:
-            self._remember(key, descriptor, source, ("allreduce", count, dtype, reduce_op))
-        return result
+        call = self._prepared(key, descriptor, source, "allreduce", count, dtype, reduce_op)
+        if call is None:  # waited for at once: the transport may split it into calls issued one after the other
+            start = None if not count else transport.allreduce if async_op else transport.allreduce_now
+            call = general(descriptor, start, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
+        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
 
     def reduce(
         self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
@@ -110,9 +111,10 @@ class Communicator:
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
         if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
-            key, run = lookup(self.flow.plans, "reduce", x, (op, root), self.rank == root)
-            if run is not None:
-                return run(x)
+            key = key_of("reduce", x, (op, root))
+            call = usable(self.flow.calls.get(key), x, self.rank == root)
+            if call is not None:
+                return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
         flow.usable()
         try:
@@ -129,20 +131,21 @@ class Communicator:
         except Exception as error:  # noqa: BLE001
             flow.fail("reduce", error)
         count, dtype = source.layout.numel, DTYPES[source.layout.dtype]
-        args = (source.span_pointer, target.span_pointer, count, dtype, reduce_op, root, stream)
-        start = self.transport.reduce if count else None
-        result = flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
-        if key is not None and count and not self.transport.device_memory:
-            self._remember(key, descriptor, source, ("reduce", count, dtype, reduce_op, root))
-        return result
+        call = self._prepared(key, descriptor, source, "reduce", count, dtype, reduce_op, root)
+        if call is None:
+            start = self.transport.reduce if count else None
+            pointers = (source.span_pointer, target.span_pointer)
+            call = general(descriptor, start, *pointers, count, dtype, reduce_op, root, stream)
+        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
         key = None
         if type(root) is int and not async_op and stream is None:
-            key, run = lookup(self.flow.plans, "broadcast", x, root, self.rank != root)
-            if run is not None:
-                return run(x)
+            key = key_of("broadcast", x, root)
+            call = usable(self.flow.calls.get(key), x, self.rank != root)
+            if call is not None:
+                return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
         flow.usable()
         try:
@@ -154,12 +157,11 @@ class Communicator:
         except Exception as error:  # noqa: BLE001
             flow.fail("broadcast", error)
         count, dtype = buffer.layout.numel, DTYPES[buffer.layout.dtype]
-        args = (buffer.span_pointer, count, dtype, root, stream)
-        start = self.transport.broadcast if count else None
-        result = flow.run(descriptor, start, args, buffer.owner, buffer, async_op, stream)
-        if key is not None and count and not self.transport.device_memory:
-            self._remember(key, descriptor, buffer, ("broadcast", count, dtype, None, root))
-        return result
+        call = self._prepared(key, descriptor, buffer, "broadcast", count, dtype, None, root)
+        if call is None:
+            start = self.transport.broadcast if count else None
+            call = general(descriptor, start, buffer.span_pointer, count, dtype, root, stream)
+        return flow.run(call, buffer.span_pointer, buffer.owner, buffer, async_op, stream)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Gather every rank's ``x`` into a stacked array of shape ``(size, *x.shape)`` whose
@@ -180,9 +182,9 @@ class Communicator:
         except Exception as error:  # noqa: BLE001
             flow.fail("allgather", error)
         count = block.numel
-        args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream)
         start = self.transport.allgather if count else None
-        return flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
+        call = general(descriptor, start, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream)
+        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
 
     def reduce_scatter(
         self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
@@ -212,14 +214,15 @@ class Communicator:
         except Exception as error:  # noqa: BLE001
             flow.fail("reduce_scatter", error)
         count = block.numel
-        args = (source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream)
         start = self.transport.reduce_scatter if count else None
-        return flow.run(descriptor, start, args, target.owner, (source, target), async_op, stream)
+        call = general(
+            descriptor, start, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream
+        )
+        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
-        self.flow.usable()
-        self.flow.run(Descriptor("barrier"), self.transport.barrier, (), None, None, False)
+        self.flow.run(general(Descriptor("barrier"), self.transport.barrier), 0, None)
 
     def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
         """A communicator over the ranks that pass the same ``color`` (a non-negative int),
@@ -261,10 +264,20 @@ class Communicator:
 
     # -- validation --------------------------------------------------------------------------
 
-    def _remember(self, key: Any, descriptor: Descriptor, buffer: Buffer, call: Tuple[Any, ...]) -> None:
-        run = self.flow.plan(descriptor, buffer, call)
-        if run is not None:
-            remember(self.flow.plans, key, run)
+    def _prepared(
+        self, key: Any, descriptor: Descriptor, buffer: Buffer, collective: str, count: int, dtype: DType,
+        op: Optional[Op], root: int = 0,
+    ) -> Optional[Call]:
+        """The cached call for ``key`` (a synchronous in-place call on a host array, calls.py),
+        prepared now by the transport and kept; None where the call is not cached."""
+        if key is None or not count or self.transport.device_memory:
+            return None
+        start = self.transport.prepare(collective, count, dtype, op, root)
+        if start is None:
+            return None
+        call = prepared(descriptor, start, buffer)
+        remember(self.flow.calls, key, call)
+        return call
 
     def _input(self, x: Any, *, writable: bool, dense_required: bool = True) -> Buffer:
         buffer = as_buffer(x)

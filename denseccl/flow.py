@@ -1,13 +1,15 @@
-"""The one flow of a collective: validate -> agree -> start -> complete.
+"""The engine: every collective, first or repeated, runs :meth:`Flow.run`.
 
-A :class:`~denseccl.communicator.Communicator` method validates its inputs into a descriptor
-and a start (a transport call with its arguments), then hands them to :meth:`Flow.run`, which
-agrees, starts and completes. The plan replay (plans.py) is built by :meth:`Flow.plan` and goes
-through the same steps with what cannot change between calls bound once; a Work (work.py)
-completes through :meth:`Flow.wait`. docs/design.md draws the whole picture.
+A :class:`~denseccl.communicator.Communicator` method turns its inputs into a validated
+:class:`~denseccl.calls.Call` (descriptor, digest, the transport's start): a repeated
+synchronous in-place call finds the one it prepared for that geometry in :attr:`Flow.calls`,
+any other call is validated into one of its own (calls.py). :meth:`Flow.run` then takes the
+same steps for all of them: broken check -> agreement (agreement.agree, the only entry to
+it) -> start -> the wait (wait.py), or a Work (work.py), which completes through
+:meth:`Flow.wait`. docs/design.md draws the whole picture.
 
-This class is also the interface for code built on the core (the torch adapter, work.py,
-plans.py), so that none of it needs another module's private names:
+This class is also the interface for code built on the core (the torch adapter, work.py), so
+that none of it needs another module's private names:
 
 - :meth:`fail`: raise a local failure on every rank (joins the agreement as invalid);
 - :meth:`covered`: one agreement for several calls;
@@ -33,10 +35,10 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
 from . import log, streams
-from .agreement import Descriptor, agree, digest, disagree
+from .agreement import Descriptor, agree
+from .calls import Call
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .plans import Requests, compile_plan
-from .transports.base import DONE, UNPLANNED, ControlChannel, Pending, Transport, abandon
+from .transports.base import ControlChannel, Pending, Transport, abandon
 from .wait import Test, deadline_after, soon, wait_until
 from .work import Work
 
@@ -47,7 +49,7 @@ CLOSED = (0,)
 
 class Flow:
     """What every call of one communicator shares: the transport, the control channel, the
-    policy (``check``, ``timeout``, ``on_timeout``), the broken state, the plans and the
+    policy (``check``, ``timeout``, ``on_timeout``), the broken state, the prepared calls and the
     Works dropped in flight."""
 
     def __init__(
@@ -63,10 +65,8 @@ class Flow:
         self.on_timeout = on_timeout
         #: why the communicator is unusable, or None
         self.broken: Optional[str] = None
-        #: replays of repeated calls, by plan key (plans.py)
-        self.plans: Dict[Any, Callable[[Any], Any]] = {}
-        #: the plans' persistent requests (plans.Requests)
-        self.requests = Requests()
+        #: the prepared calls of repeated geometries, by cache key (calls.py)
+        self.calls: Dict[Any, Call] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
         #: one entry per Work handed out that has neither completed nor been dropped (work.py
@@ -74,44 +74,50 @@ class Flow:
         self.unfinished: List[bool] = []
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
-        self._all_equal, self._gave_up = control.fast_path()
-        weakref.finalize(self, _release_at_end, self.orphans, self.unfinished, self.requests)
+        self._gave_up = control.gave_up_flag()
+        weakref.finalize(self, _release_at_end, self.orphans, self.unfinished)
 
     # -- the flow ----------------------------------------------------------------------------
 
     def run(
-        self, descriptor: Descriptor, start: Optional[Callable[..., Pending]], args: Tuple[Any, ...],
-        result: Any, keep: Any, async_op: bool, stream: Any = None,
+        self, call: Call, address: int, result: Any, keep: Any = None, async_op: bool = False, stream: Any = None
     ) -> Any:
-        """Agree on ``descriptor``, start ``start(*args)`` (None: nothing to move) and complete
-        it: return ``result`` once done, or a Work for it with ``async_op``. ``keep``: the
-        buffers the transfer reads and writes; on a device transport they are recorded on
-        ``stream``, the one the transfer runs on."""
-        began = time.perf_counter() if log.tracing() else 0.0
-        self.agree(descriptor)
-        pending = DONE if start is None else self.start(start, *args)
-        if self.transport.device_memory:
-            streams.record_stream(stream, keep)
+        """The engine: every call, first or repeated, runs here. Broken check, the agreement on
+        ``call.descriptor`` (when checking and there are peers), ``call.start(address)``, then
+        the wait, or a Work with ``async_op``; returns ``result``. ``keep``: the buffers the
+        transfer reads and writes (default ``result``); on a device transport they are
+        recorded on ``stream``, the one the transfer runs on."""
+        if self.broken is not None:
+            self.usable()
+        began = time.perf_counter() if call.tracing else 0.0
+        try:
+            if self.check and self.size > 1:
+                agree(self.control, call.descriptor, deadline_after(self.timeout), None, call.value, call.step, address)
+            started = call.start(address)
+        except Exception as error:
+            self.note_failure(error)  # the agreement's or the library's: a timeout gives up
+            raise
         if self.orphans:
             self.poll_orphans()
-        if async_op:
-            outcome: Any = Work(self, pending, result, keep)
+        outcome = result
+        if call.tested:  # a host call waited for at once: ``started`` is its test
+            if not soon(started) or self._gave_up[0]:  # a small call is done before a deadline is worth computing
+                try:
+                    self.settle(started, result if keep is None else keep)
+                except BaseException:
+                    call.lost(address)
+                    raise
         else:
-            self.wait(pending, keep)
-            outcome = result
+            if self.transport.device_memory:
+                streams.record_stream(stream, keep)
+            if async_op:
+                outcome = Work(self, started, result, keep)
+            else:
+                self.wait(started, keep)
         if began:
             elapsed = (time.perf_counter() - began) * 1e6
-            log.trace("%s%s: %.1f us", descriptor.describe(), " (started)" if async_op else "", elapsed)
+            log.trace("%s%s: %.1f us", call.descriptor.describe(), " (started)" if async_op else "", elapsed)
         return outcome
-
-    def plan(self, descriptor: Descriptor, buffer: Any, call: Tuple[Any, ...]) -> Optional[Callable[[Any], Any]]:
-        """The replay of a call that just ran on ``buffer`` (plans.py), or None where the
-        transport wants the full path each time. ``call``: ``(collective, count, dtype, op,
-        root)`` as ``Transport.in_place`` takes them."""
-        start = self.transport.in_place(*call)
-        if start is None:
-            return None
-        return compile_plan(self, descriptor, buffer, start, self.transport.persistent(*call))
 
     def usable(self) -> None:
         """Raise :class:`CommunicatorBrokenError` if the communicator cannot be used."""
@@ -134,14 +140,13 @@ class Flow:
     def deadline(self, timeout: Optional[float] = None) -> Optional[float]:
         return deadline_after(self.timeout if timeout is None else timeout)
 
-    def agree(self, descriptor: Descriptor, value: Optional[int] = None) -> None:
-        """The agreement step (when checking and there are peers); ``value``: the descriptor's
-        digest when the caller has it."""
+    def agree(self, descriptor: Descriptor) -> None:
+        """The agreement step on ``descriptor`` alone, for a step that is not a collective of
+        the engine (a split, the torch adapter's composite calls), when checking and there are
+        peers."""
         if self.check and self.size > 1:
-            try:  # agreement.agree, with the channel's own all_equal
-                value = digest(descriptor) if value is None else value
-                if not self._all_equal(value, False, self.deadline(), UNPLANNED):
-                    disagree(self.control, descriptor, self.deadline())
+            try:
+                agree(self.control, descriptor, self.deadline())
             except Exception as error:
                 self.note_failure(error)
                 raise
@@ -317,7 +322,6 @@ class Flow:
                 self._keep(list(self.orphans))
                 self.orphans.clear()
             self.broken = "closed"
-            self.requests.release(keep=bool(self.abandoned or self.unfinished))
             if self.abandoned or self.unfinished:
                 self.transport.retire()
                 self.control.retire()
@@ -327,14 +331,12 @@ class Flow:
                 self._gave_up = CLOSED  # its Works have all completed: waiting again reads no channel
 
 
-def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool], requests: Requests) -> None:
+def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
     """A flow went away, or the interpreter exits (before it clears the modules, and before
-    MPI is finalized): free the plans' persistent requests (MPI reports those still allocated
-    at finalization), and keep the dropped Works still in flight for the process's life. MPI
+    MPI is finalized): keep the dropped Works still in flight for the process's life. MPI
     still moves their data when it is finalized, after the interpreter has cleared everything,
     so the list itself is kept: Works dropped while the modules are cleared join it
     (Flow.adopt)."""
-    requests.release(keep=bool(orphans or unfinished))
     if orphans or unfinished:
         abandon(orphans)
 

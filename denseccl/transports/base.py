@@ -11,7 +11,7 @@ import ctypes
 import os
 import sys
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence
 
 from ..dtypes import DType
 from ..errors import DenseCCLError
@@ -84,6 +84,31 @@ def is_timeout(error: BaseException) -> bool:
     return isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text
 
 
+#: an agreement step of a transport's own (:attr:`Start.step`):
+#: ``(control, value, invalid, deadline, address) -> agreed``
+Step = Callable[["ControlChannel", int, bool, Optional[float], int], Any]
+
+
+class Start:
+    """A transport's in-place call of one geometry with all but the address bound
+    (:meth:`Transport.prepare`). ``start(address)`` starts it on the span at ``address`` and
+    returns its test (true once complete, never blocks). ``step``, where not None, is the
+    agreement step to take instead of the channel's own ``all_equal``: a transport whose
+    repeated calls the ranks must pair (MPI's persistent requests) decides that in the step it
+    is given the address for. ``lost(address)``: the transfer at ``address`` was abandoned
+    (a timeout): nothing it holds may be started again."""
+
+    __slots__ = ("start", "step", "lost")
+
+    def __init__(
+        self, start: Callable[[int], Callable[[], bool]], step: Optional[Step] = None,
+        lost: Callable[[int], None] = lambda address: None,
+    ) -> None:
+        self.start = start
+        self.step = step
+        self.lost = lost
+
+
 class Transport(ABC):
     """Collectives on storage spans. Every method starts the operation and returns a
     :class:`Pending`; ``stream`` is meaningful only to device transports."""
@@ -125,32 +150,20 @@ class Transport(ABC):
         each issued inside that wait once the one before has completed (program order)."""
         return self.allreduce(send, recv, count, dtype, op, stream)
 
-    def in_place(
+    def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
-    ) -> Optional[Callable[[int], Callable[[], bool]]]:
-        """For repeated calls (plans.py): a callable ``address -> test`` that starts the in-place
-        ``collective`` ("allreduce", "reduce" or "broadcast") on the ``count`` elements at
-        ``address``, exactly as the method of that name does with ``send == recv == address``,
-        and returns a non-blocking ``test()`` that is True once it has completed (Pending.test);
-        None where such calls should take the full path each time. Transports may bind
-        everything that does not depend on the address once."""
+    ) -> Optional["Start"]:
+        """The in-place, synchronous ``collective`` ("allreduce", "reduce" or "broadcast") on
+        ``count`` elements, bound once for every call of that geometry (the engine caches it
+        with the call): a :class:`Start`, or None where such calls should run the general
+        method each time. By default the method of that name, with ``send == recv``."""
         if collective == "allreduce":
-            return lambda a: self.allreduce(a, a, count, dtype, op).test  # type: ignore[arg-type]
+            return Start(lambda a: self.allreduce_now(a, a, count, dtype, op).test)  # type: ignore[arg-type]
         if collective == "reduce":
-            return lambda a: self.reduce(a, a, count, dtype, op, root).test  # type: ignore[arg-type]
+            return Start(lambda a: self.reduce(a, a, count, dtype, op, root).test)  # type: ignore[arg-type]
         if collective == "broadcast":
-            return lambda a: self.broadcast(a, count, dtype, root).test
+            return Start(lambda a: self.broadcast(a, count, dtype, root).test)
         raise ValueError(f"no in-place form of {collective!r}")
-
-    def persistent(
-        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
-    ) -> Optional[Callable[[int], Any]]:
-        """For repeated calls whose ranks agree on it (plans.py): a callable ``address ->
-        request`` that sets up the call :meth:`in_place` starts as a persistent request (an
-        object with ``Start()``, ``Test()`` and ``Free()``, as mpi4py's ``Prequest``). Setting
-        one up is collective: every rank must do it at the same point of its sequence of calls.
-        None (the default) where the library has no such requests."""
-        return None
 
     def check_op(self, op: Op, dtype: DType) -> None:
         """Raise :class:`LayoutError` if this transport cannot apply ``op`` to ``dtype``
@@ -176,25 +189,8 @@ class Transport(ABC):
         self.close()
 
 
-#: answers of the agreement step (ControlChannel.all_equal): falsy only when the ranks disagree
-DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
-#: the agreement step's tag of a call that is not a replay of a plan (plans.Requests)
-UNPLANNED = -1
-
-
-def answer(agreed: bool, same_tags: bool) -> int:
-    """The agreement step's answer from its two facts (see :meth:`ControlChannel.all_equal`)."""
-    if not agreed:
-        return DIFFERENT
-    return SAME if same_tags else MIXED_TAGS
-
-
-#: the agreement step: ``(value, invalid, deadline, tag) -> DIFFERENT | SAME | MIXED_TAGS``
-AllEqual = Callable[[int, bool, Optional[float], int], int]
-
-
 class Flag(Protocol):
-    """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.fast_path`)."""
+    """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.gave_up_flag`)."""
 
     def __getitem__(self, index: int) -> int: ...
 
@@ -225,16 +221,12 @@ class ControlChannel(ABC):
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         """Every rank's ``data``, indexed by rank."""
 
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
-        """The agreement step: :data:`SAME` on every rank when every rank passed the same
-        ``value`` (a signed 64-bit integer) and ``tag`` and none passed ``invalid``;
-        :data:`MIXED_TAGS` when only the tags differ; 0 (:data:`DIFFERENT`) otherwise. Every
-        rank gets the same answer. The tag rides along for free: plans pass the identity of
-        the persistent request each rank holds for the call (plans.py)."""
-        highest, negated_lowest, any_invalid, top_tag, negated_bottom_tag = self.allreduce_max(
-            [value, -value, int(invalid), tag, -tag], deadline
-        )
-        return answer(highest == -negated_lowest and not any_invalid, top_tag == -negated_bottom_tag)
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> int:
+        """The agreement step: true on every rank when every rank passed the same ``value`` (a
+        signed 64-bit integer) and none passed ``invalid``; false on every rank otherwise (a
+        channel may answer more than a bool: the MPI backend's carry a tag, board.py)."""
+        highest, negated_lowest, any_invalid = self.allreduce_max([value, -value, int(invalid)], deadline)
+        return highest == -negated_lowest and not any_invalid
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["ControlChannel"]:
         """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
@@ -250,11 +242,10 @@ class ControlChannel(ABC):
         collective and on every poll of a long wait."""
         return None
 
-    def fast_path(self) -> "Tuple[AllEqual, Flag]":
-        """What every collective uses, bound once by the flow and its plans: ``all_equal`` as
-        the callable that does the work (no delegation in between), and a flag whose ``[0]`` is
-        nonzero once a peer gave up (a shared word on a board: no call at all)."""
-        return self.all_equal, GaveUpFlag(self.peer_gave_up)
+    def gave_up_flag(self) -> Flag:
+        """A flag whose ``[0]`` is nonzero once a peer gave up, read after every call (a shared
+        word on a board: no call at all)."""
+        return GaveUpFlag(self.peer_gave_up)
 
     def abort(self, message: str) -> NoReturn:
         """End the whole job at once (``DENSECCL_ON_TIMEOUT=abort``); this process by default."""

@@ -37,7 +37,21 @@ from .. import config
 from ..errors import peer_gave_up_error
 from . import cores
 from ..wait import WAITING, wait_until
-from .base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED
+
+#: answers of the MPI backend's agreement step (``all_equal`` with a tag): falsy only when the
+#: ranks disagree; MIXED_TAGS when they agree on the call but hold different persistent
+#: requests for it (mpi_calls.py)
+DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
+#: the tag of a call that holds no persistent request and may not set one up (the general path)
+UNPLANNED = -1
+
+
+def answer(agreed: bool, same_tags: bool) -> int:
+    """The agreement step's answer from its two facts."""
+    if not agreed:
+        return DIFFERENT
+    return SAME if same_tags else MIXED_TAGS
+
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, tag, padding)
 LINE = 8

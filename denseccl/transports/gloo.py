@@ -31,7 +31,7 @@ from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ..wait import deadline_after
-from .base import ControlChannel, Pending, Transport, is_timeout, split_members
+from .base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -268,10 +268,10 @@ class GlooTransport(_GlooGroup, Transport):
     def barrier(self) -> Pending:
         return GlooPending(self.group.barrier(c10d.BarrierOptions()))
 
-    def in_place(
+    def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
-    ) -> Optional[Callable[[int], Callable[[], bool]]]:
-        return None  # a replay would save little next to gloo's own per-call cost
+    ) -> Optional[Start]:
+        return None  # gloo's wait blocks in the library (GlooPending.blocks): the general path each time
 
     def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
         return self._split(color, key, None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import weakref
 from functools import lru_cache
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
@@ -26,7 +27,8 @@ from .. import config
 from ..dtypes import DType
 from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
-from .base import Pending, Transport
+from .base import Pending, Start, Transport
+from .mpi_calls import InPlace, Requests, message_at
 from .mpi_control import MPIControl, free_comm, open_control, retire_comm, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
@@ -73,7 +75,7 @@ def _half_op(kind: ReduceOp, dtype: DType) -> Any:
 
 
 @lru_cache(maxsize=None)
-def _has_persistent() -> bool:
+def has_persistent() -> bool:
     """Whether the MPI library has persistent collectives (MPI 4; Open MPI has them from 5.0
     while it reports MPI 3.1, so they are tried once, on ``COMM_SELF``)."""
     try:
@@ -133,6 +135,10 @@ class MPITransport(Transport):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        #: the persistent requests of repeated calls (mpi_calls.py)
+        self.requests = Requests()
+        # freed at exit, before mpi4py finalizes MPI (which reports requests still allocated)
+        weakref.finalize(self, self.requests.release, False)
 
     def _message(self, pointer: int, count: int, dtype: DType) -> list:
         return [MPI.buffer.fromaddress(pointer, count * dtype.itemsize), count, _MPI_TYPES[dtype.name]]
@@ -237,41 +243,22 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
-    def in_place(
+    def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
-    ) -> Optional[Callable[[int], Callable[[], bool]]]:
-        if collective == "allreduce" and self._split_halves(count, dtype):  # allreduce_now each time
-            return None
+    ) -> Optional[Start]:
+        """The in-place ``collective`` of one geometry (mpi_calls.py): one library call on a
+        prebuilt message, on a persistent request the ranks pair where MPI has them (MPI 4;
+        Open MPI from 5.0). Where host work surrounds the call (avg, PreMulSum) or a large
+        half-precision allreduce splits in two, the general method (``Transport.prepare``)."""
         issue = self._in_place_call(collective, op, root, dtype, persistent=False)
-        if issue is None:
-            return super().in_place(collective, count, dtype, op, root)
-        nbytes, mpi_type = count * dtype.itemsize, _MPI_TYPES[dtype.name]
-        fromaddress = MPI.buffer.fromaddress
-        # The message of the last address: a loop over one array builds it once.
-        last_address, last_message = 0, [fromaddress(0, 0), 0, mpi_type]
-
-        def start(address: int) -> Callable[[], bool]:
-            nonlocal last_address, last_message
-            if address != last_address:
-                last_address, last_message = address, [fromaddress(address, nbytes), count, mpi_type]
-            return issue(last_message).Test  # type: ignore[misc]
-
-        return start
-
-    def persistent(
-        self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
-    ) -> Optional[Callable[[int], Any]]:
-        """MPI's persistent collectives (``MPI_Allreduce_init``, ``MPI_Reduce_init``,
-        ``MPI_Bcast_init``) for the calls :meth:`in_place` starts: set up once per address,
-        each call then only starts the request (no schedule built per call). None where
-        :meth:`in_place` takes the general path, or the MPI library predates MPI 4."""
-        if (collective == "allreduce" and self._split_halves(count, dtype)) or not _has_persistent():
-            return None
-        init = self._in_place_call(collective, op, root, dtype, persistent=True)
-        if init is None:
-            return None
-        nbytes, mpi_type, fromaddress = count * dtype.itemsize, _MPI_TYPES[dtype.name], MPI.buffer.fromaddress
-        return lambda address: init([fromaddress(address, nbytes), count, mpi_type])
+        if issue is None or (collective == "allreduce" and self._split_halves(count, dtype)):
+            return super().prepare(collective, count, dtype, op, root)
+        message = message_at(count, _MPI_TYPES[dtype.name])
+        init = self._in_place_call(collective, op, root, dtype, persistent=True) if has_persistent() else None
+        setup = None if init is None else (lambda address: init(message(address)))
+        geometry = (collective, count, dtype.name, None if op is None else str(op), root)
+        calls = InPlace(lambda address: issue(message(address)).Test, setup, self.requests, self.size == 1, geometry)
+        return Start(calls.start, calls.step, calls.lost)
 
     def _in_place_call(
         self, collective: str, op: Optional[Op], root: int, dtype: DType, *, persistent: bool
@@ -301,9 +288,11 @@ class MPITransport(Transport):
         return None if part is None else MPITransport(part)
 
     def close(self) -> None:
+        self.requests.release(keep=False)
         free_comm(self.comm)
 
     def retire(self) -> None:
+        self.requests.release(keep=True)
         retire_comm(self.comm)
 
 

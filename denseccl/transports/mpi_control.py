@@ -14,7 +14,7 @@ import os
 import struct
 import sys
 import time
-from typing import Any, NoReturn, Optional, Sequence, Tuple
+from typing import Any, NoReturn, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -23,8 +23,8 @@ from .. import config, log
 from ..errors import CommunicatorBrokenError, peer_gave_up_error
 from . import cores
 from ..wait import wait_until
-from .base import UNPLANNED, AllEqual, ControlChannel, Flag, abandon, answer
-from .board import Board
+from .base import ControlChannel, Flag, abandon
+from .board import UNPLANNED, Board, answer
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
@@ -57,7 +57,7 @@ class MPIControl(ControlChannel):
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
         """Equal digests, none invalid, and the same call sequence on every rank; and whether
-        the tags are equal too (:meth:`ControlChannel.all_equal`)."""
+        the tags are equal too: board.SAME, board.MIXED_TAGS or board.DIFFERENT (falsy)."""
         sequence = self._sequence = self._sequence + 1
         buffer = self._seven
         _SEVEN.pack_into(buffer, 0, value, -value, 1 if invalid else 0, sequence, -sequence, tag, -tag)
@@ -153,9 +153,8 @@ class BoardControl(ControlChannel):
         self.rank = mpi.rank
         self.size = mpi.size
         self.crowded = board.crowded
-
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
-        return self.board.all_equal(value, invalid, deadline, tag)
+        #: the board's own step: no delegation on every call
+        self.all_equal = board.all_equal  # type: ignore[method-assign, assignment]
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         return self.mpi.allreduce_max(values, deadline)
@@ -163,8 +162,8 @@ class BoardControl(ControlChannel):
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         return self.mpi.allgather_bytes(data, deadline)
 
-    def fast_path(self) -> Tuple[AllEqual, Flag]:
-        return self.board.all_equal, self.board.flag
+    def gave_up_flag(self) -> Flag:
+        return self.board.flag
 
     def give_up(self) -> None:
         self.board.give_up()

@@ -1,4 +1,4 @@
-"""Repeated calls take the plan fast path (denseccl/plans.py); it must behave exactly like the
+"""Repeated calls take the plan fast path (denseccl/calls.py); it must behave exactly like the
 full path on real ranks."""
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ import pytest
 from denseccl import config
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
 from denseccl.transports import board as board_module
-from denseccl.transports.base import DIFFERENT, MIXED_TAGS, SAME
-from denseccl.transports.board import Board, page_bytes
+from denseccl.transports.board import DIFFERENT, MIXED_TAGS, SAME, Board, page_bytes
 
 
 def boards(size: int) -> list:

@@ -1,4 +1,4 @@
-"""Rank program: repeated calls run on persistent MPI requests (plans.Requests) that the ranks
+"""Rank program: repeated calls run on persistent MPI requests (mpi_calls.Requests) that the ranks
 set up together, decided in the agreement step. Every way the ranks' caches can differ must
 still give NumPy's result on every rank: arrays reused on some ranks and fresh on others, more
 arrays than the cache holds (evicted in a different order per rank), one rank on the full path
@@ -12,16 +12,16 @@ import numpy as np
 from mpi4py import MPI
 
 import denseccl
-from denseccl.dtypes import DTYPES
+from denseccl.transports.mpi import has_persistent
 from denseccl.config import PERSISTENT_REQUESTS as REQUESTS
 from tests.support.checker import Checker
 
 comm = denseccl.init()
 rank, size = comm.rank, comm.size
 checker = Checker("persistent", rank, size)
-requests = comm.flow.requests
+requests = comm.transport.requests
 #: the MPI library has persistent collectives (MPI 4; else plans start nonblocking ones)
-persistent = comm.transport.persistent("allreduce", 1, DTYPES["float32"]) is not None
+persistent = has_persistent()
 
 
 class Sub(np.ndarray):

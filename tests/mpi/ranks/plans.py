@@ -1,4 +1,4 @@
-"""Rank program: repeated calls (the plan fast path, denseccl/plans.py) behave exactly like
+"""Rank program: repeated calls (prepared calls, denseccl/calls.py) behave exactly like
 first calls: right results on every layout and op, and every rank raises on a mismatch, a
 read-only input or a changed geometry after a plan exists; the communicator stays usable."""
 
@@ -50,7 +50,7 @@ for check in (True, False):
             x[...] = values(rank, x.shape, it)
             comm.allreduce(x)
             assert np.array_equal(x, sum(values(r, x.shape, it) for r in range(size))), dtype
-assert comm.flow.plans, "repeated calls left no plan"
+assert comm.flow.calls, "repeated calls left no plan"
 
 # after a plan exists, disagreement still raises on every rank and the communicator survives
 comm.check = True
@@ -93,7 +93,7 @@ for _ in range(2):
 # or a tensor subclass, takes the full path (and is refused or served by it)
 import torch  # noqa: E402
 
-torch_keys = {key for key in comm.flow.plans if len(key) > 1 and key[1] == "torch"}
+torch_keys = {key for key in comm.flow.calls if len(key) > 1 and key[1] == "torch"}
 for name, x in layouts():
     t = torch.from_numpy(x) if name != "reversed" else torch.empty(2, 3, 4, 5)  # torch has no negative strides
     for it in range(3):
@@ -117,7 +117,7 @@ for name, x in layouts():
             assert torch.equal(t, torch.from_numpy(values(root, tuple(t.shape), it)).float()), (
                 name, "broadcast", root, it,
             )
-assert {key for key in comm.flow.plans if len(key) > 1 and key[1] == "torch"} - torch_keys, "torch tensors left no plan"
+assert {key for key in comm.flow.calls if len(key) > 1 and key[1] == "torch"} - torch_keys, "torch tensors left no plan"
 
 # torch replays of the layout corner cases: 0-d, odd strides on size-1 dims (two tensors of one
 # layout key with different strides there), empty

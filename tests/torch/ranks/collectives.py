@@ -221,10 +221,10 @@ tensors = [
     for k, (layout, dtype) in enumerate((("transposed", F32), ("channels-last", F64), ("permuted", F32), ("0-d", F32)))
 ]
 strides = [t.stride() for t in tensors]
-import denseccl.flow as communicator_module  # noqa: E402 - counts the agreement steps below
+import denseccl.agreement as communicator_module  # noqa: E402 - counts the agreement steps below
 
 agreed = []
-real_agree = communicator_module.digest  # Flow.agree digests the descriptor of each agreement step it takes
+real_agree = communicator_module.digest  # agree digests the descriptor of each step given no digest
 communicator_module.digest = lambda descriptor: (agreed.append(descriptor.collective), real_agree(descriptor))[1]
 try:
     with dist._coalescing_manager(async_ops=True) as manager:
