@@ -11,7 +11,9 @@ from typing import Any
 from .arrays import Buffer, as_buffer
 from .bootstrap import init
 from .communicator import Communicator, Work
-from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError, MismatchError, OpError
+from .errors import (
+    ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError, MismatchError, OpError,
+)
 from .layout import Layout
 from .ops import PreMulSum, ReduceOp
 
@@ -30,6 +32,7 @@ def same_layout(a: Any, b: Any) -> bool:
 
 
 __all__ = [
+    "ArgumentError",
     "Buffer",
     "CollectiveTimeoutError",
     "Communicator",

@@ -17,7 +17,7 @@ from .agreement import Descriptor
 from .calls import Call, general, key_of, prepared, remember, usable
 from .arrays import HOST, Buffer, allocate, as_buffer
 from .dtypes import DTYPES, DType
-from .errors import LayoutError
+from .errors import ArgumentError, LayoutError
 from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
@@ -232,7 +232,7 @@ class Communicator:
         flow.usable()
         try:
             if color is not None and (isinstance(color, bool) or not isinstance(color, int) or color < 0):
-                raise LayoutError(f"color must be a non-negative int or None, got {color!r}")
+                raise ArgumentError(f"color must be a non-negative int or None, got {color!r}")
             key = int(key)
         except Exception as error:  # noqa: BLE001 - peers must not wait in the split forever
             flow.fail("split", error)
@@ -307,7 +307,7 @@ class Communicator:
         if buffer.readonly:
             raise LayoutError(f"{name} is read-only; pass a writable array")
         if buffer.device != forbid_overlap_with.device:
-            raise LayoutError(
+            raise ArgumentError(
                 f"{name} is on another device than the input ({buffer.describe()} vs {forbid_overlap_with.describe()})"
             )
         other = forbid_overlap_with
@@ -356,12 +356,12 @@ class Communicator:
             if not on_device:
                 wanted = "host arrays: use denseccl.init(backend='mpi')"
             moves = "device" if self.transport.device_memory else "host"
-            raise LayoutError(
+            raise ArgumentError(
                 f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for {wanted}"
             )
         bound = self.transport.device
         if on_device and bound is not None and buffer.device != bound:
-            raise LayoutError(
+            raise ArgumentError(
                 f"{name} is on cuda:{buffer.device}, but this communicator's rank {self.rank} runs on cuda:{bound}; "
                 f"move it there (x.to('cuda:{bound}') / cupy.asarray under cupy.cuda.Device({bound}))"
             )
@@ -381,7 +381,7 @@ class Communicator:
 
     def _root(self, root: Any) -> int:
         if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self.size:
-            raise LayoutError(f"root {root!r} is not a rank of this communicator (0 <= root < {self.size})")
+            raise ArgumentError(f"root {root!r} is not a rank of this communicator (0 <= root < {self.size})")
         return int(root)
 
 

@@ -10,14 +10,23 @@ class DenseCCLError(Exception):
 
 
 class LayoutError(DenseCCLError, ValueError):
-    """A local input problem: not dense, ``out`` has another layout, malformed stacked buffer,
-    unsupported dtype or op, read-only buffer, root out of range. Nothing was touched."""
+    """A local problem with an array's layout: not dense, ``out`` has another layout, a
+    malformed stacked buffer, a read-only buffer, an array or dtype denseccl cannot read.
+    Nothing was touched."""
 
 
 class OpError(DenseCCLError, ValueError):
-    """A local input problem: the reduction op is not one denseccl supports (an unknown name,
-    torch's ``ReduceOp.BAND``, mpi4py's ``MPI.LAND`` …). The message lists the supported ops.
-    Nothing was touched."""
+    """A local problem with the reduction op: not one denseccl supports (an unknown name,
+    torch's ``ReduceOp.BAND``, mpi4py's ``MPI.LAND`` …; the message lists the supported ops),
+    not defined for the dtype (``min`` on complex numbers), or a ``PreMulSum`` factor that is
+    not finite or does not fit an integer dtype. Nothing was touched."""
+
+
+class ArgumentError(DenseCCLError, ValueError):
+    """A local problem with an argument that is not a layout or an op: a root that is not a
+    rank, a split colour that is not a non-negative int, an array in the wrong memory for the
+    transport (host vs device, another GPU), a dtype the transport cannot move or reduce (the
+    gloo engine's limits). Nothing was touched."""
 
 
 class MismatchError(DenseCCLError, RuntimeError):

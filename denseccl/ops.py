@@ -10,7 +10,7 @@ import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Union
 
 from .dtypes import DType
-from .errors import LayoutError, OpError
+from .errors import ArgumentError, OpError
 
 
 class ReduceOp(enum.Enum):
@@ -61,13 +61,13 @@ def as_op(op: OpLike) -> Op:
     if isinstance(op, PreMulSum):
         factor = op.factor
         if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or not math.isfinite(factor):
-            raise LayoutError(f"PreMulSum factor must be a finite real number, got {factor!r}")
+            raise OpError(f"PreMulSum factor must be a finite real number, got {factor!r}")
         if type(factor) not in (int, float):  # NumPy scalars and the like, as plain Python numbers
             return PreMulSum(int(factor) if isinstance(factor, numbers.Integral) else float(factor))
         return op
     if isinstance(op, ReduceOp):
         if op is ReduceOp.PREMUL_SUM:
-            raise LayoutError("ReduceOp.PREMUL_SUM needs a factor: pass denseccl.PreMulSum(factor)")
+            raise OpError("ReduceOp.PREMUL_SUM needs a factor: pass denseccl.PreMulSum(factor)")
         return op
     if isinstance(op, str) and op.lower() in _OP_ALIASES:
         return _OP_ALIASES[op.lower()]
@@ -160,17 +160,19 @@ def reduction_kind(op: Op, dtype: DType) -> ReduceOp:
 
 
 def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Mapping[str, object], transport: str) -> None:
-    """Raise :class:`LayoutError` if ``op`` on ``dtype`` is unsupported (by denseccl or the
-    transport)."""
+    """Raise :class:`ArgumentError` if the transport cannot move ``dtype``, :class:`OpError`
+    if ``op`` is not defined for it."""
     if dtype.name not in transport_dtypes:
         supported = ", ".join(sorted(transport_dtypes))
-        raise LayoutError(f"dtype {dtype.name} is not supported by the {transport} transport (supported: {supported})")
+        raise ArgumentError(
+            f"dtype {dtype.name} is not supported by the {transport} transport (supported: {supported})"
+        )
     kind = op_kind(op)
     if kind not in KIND_OPS[dtype.kind]:
         allowed = ", ".join(sorted(str(o) for o in KIND_OPS[dtype.kind] if o is not ReduceOp.PREMUL_SUM))
-        raise LayoutError(f"op {op} is not defined for dtype {dtype.name} (allowed: {allowed})")
+        raise OpError(f"op {op} is not defined for dtype {dtype.name} (allowed: {allowed})")
     if isinstance(op, PreMulSum) and dtype.kind in "iu" and op.factor != int(op.factor):
-        raise LayoutError(
+        raise OpError(
             f"PreMulSum factor {op.factor!r} is not an integer, so it cannot scale {dtype.name} "
             "inputs; use a float dtype or an integer factor"
         )
@@ -178,7 +180,7 @@ def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Mapping[str, obje
         bits = 8 * dtype.itemsize
         low, high = (0, 2**bits - 1) if dtype.kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         if not low <= int(op.factor) <= high:
-            raise LayoutError(
+            raise OpError(
                 f"PreMulSum factor {op.factor!r} does not fit {dtype.name} ({low} to {high}); "
                 "use a factor in that range or a float dtype"
             )

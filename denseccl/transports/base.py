@@ -166,7 +166,7 @@ class Transport(ABC):
         raise ValueError(f"no in-place form of {collective!r}")
 
     def check_op(self, op: Op, dtype: DType) -> None:
-        """Raise :class:`LayoutError` if this transport cannot apply ``op`` to ``dtype``
+        """Raise :class:`ArgumentError` or :class:`OpError` if this transport cannot apply ``op`` to ``dtype``
         (restrictions beyond the common tables in ops.py, e.g. of the library's version)."""
 
     def failure(self) -> Optional[str]:

@@ -28,7 +28,7 @@ import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from ..dtypes import DType
-from ..errors import CollectiveTimeoutError, DenseCCLError, LayoutError
+from ..errors import ArgumentError, CollectiveTimeoutError, DenseCCLError, OpError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ..wait import deadline_after
 from .base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
@@ -197,13 +197,13 @@ class GlooTransport(_GlooGroup, Transport):
 
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name not in _GLOO_TYPES:
-            raise LayoutError(
+            raise ArgumentError(
                 f"the gloo engine cannot reduce {dtype.name} (gloo reduces {', '.join(sorted(_GLOO_TYPES))}); "
                 "convert to "
                 "one of those, or launch with mpiexec for denseccl's MPI transport"
             )
         if dtype.kind == "c" and op_kind(op) is ReduceOp.PRODUCT:
-            raise LayoutError(
+            raise OpError(
                 "the gloo engine cannot take the product of complex numbers; launch with mpiexec for the MPI transport"
             )
 
