@@ -21,7 +21,7 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
 from .layout import LayoutKey
-from .transports.base import ControlChannel, Step
+from .backends.base import ControlChannel, Step
 
 _FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
 

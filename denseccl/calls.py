@@ -21,7 +21,7 @@ import numpy as np
 from . import config, log
 from .agreement import Descriptor, digest
 from .arrays import Buffer, data_pointer
-from .transports.base import DONE, Pending, Start, Step
+from .backends.base import DONE, Pending, Start, Step
 
 _ndarray = np.ndarray
 
@@ -37,7 +37,9 @@ class Call:
     calls. ``offset`` and ``pointer_of`` find the span of a later array of the same geometry
     (``pointer_of(x) + offset``)."""
 
-    __slots__ = ("descriptor", "value", "start", "step", "lost", "tested", "offset", "pointer_of", "tracing")
+    __slots__ = (
+        "descriptor", "value", "start", "step", "lost", "tested", "offset", "pointer_of", "tracing", "repeated",
+    )
 
     def __init__(
         self,
@@ -60,6 +62,8 @@ class Call:
         self.pointer_of = pointer_of
         #: DENSECCL_DEBUG=TRACE when the call was prepared: the engine times it
         self.tracing = log.tracing()
+        #: it has run before (a cache hit): the trace says so
+        self.repeated = False
 
 
 def general(descriptor: Descriptor, start: Optional[Callable[..., Pending]], *args: Any) -> Call:

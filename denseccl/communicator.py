@@ -21,7 +21,7 @@ from .errors import ArgumentError, LayoutError
 from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
-from .transports.base import ControlChannel, Transport
+from .backends.base import ControlChannel, Transport
 from .work import Work
 
 

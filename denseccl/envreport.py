@@ -119,7 +119,7 @@ def versions(load: bool = True) -> "OrderedDict[str, str]":
 
 def half_kernels() -> Tuple[bool, str]:
     """Whether the compiled float16/bfloat16 loops were built, and one line saying what runs."""
-    from .transports import host_kernels  # noqa: PLC0415
+    from .backends.mpi import host_kernels  # noqa: PLC0415
 
     choice = config.settings().host_kernels
     if host_kernels.native_available():

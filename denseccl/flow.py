@@ -19,7 +19,7 @@ that none of it needs another module's private names:
 Memory: a started transfer may touch the caller's arrays and the transport's temporaries until
 it completes, and MPI cannot cancel it. So every wait that ends other than by completion (a
 timeout, a peer that gave up, an interrupt) hands the transfer with what it uses to
-:func:`~denseccl.transports.base.abandon`, which keeps them for the process's life; and the
+:func:`~denseccl.backends.base.abandon`, which keeps them for the process's life; and the
 Works dropped before completion (:attr:`orphans`) are abandoned whole if the flow goes away
 first. What a transfer can still touch includes its communicator: :meth:`close` releases the
 transport and control channel only when no Work is in flight and nothing was abandoned, and
@@ -38,7 +38,7 @@ from . import log, streams
 from .agreement import Descriptor, agree
 from .calls import Call
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .transports.base import ControlChannel, Pending, Transport, abandon
+from .backends.base import ControlChannel, Pending, Transport, abandon
 from .wait import Test, deadline_after, soon, wait_until
 from .work import Work
 
@@ -116,7 +116,9 @@ class Flow:
                 self.wait(started, keep)
         if began:
             elapsed = (time.perf_counter() - began) * 1e6
-            log.trace("%s%s: %.1f us", call.descriptor.describe(), " (started)" if async_op else "", elapsed)
+            how = " (started)" if async_op else " (repeated)" if call.repeated else ""
+            call.repeated = True
+            log.trace("%s%s: %.1f us", call.descriptor.describe(), how, elapsed)
         return outcome
 
     def usable(self) -> None:

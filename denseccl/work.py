@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .config import Seconds, seconds
-from .transports.base import Pending
+from .backends.base import Pending
 
 if TYPE_CHECKING:
     from .flow import Flow

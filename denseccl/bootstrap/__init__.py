@@ -25,7 +25,10 @@ from .. import config, log
 from ..communicator import Communicator
 from ..errors import DenseCCLError
 from ..wait import deadline_after
-from . import gloo, mpi, nccl, rendezvous
+from ..backends.gloo.init import init_gloo
+from ..backends.mpi.init import init_mpi
+from ..backends import rendezvous
+from . import nccl
 
 #: the options of ``init(**options)`` that each backend takes
 OPTIONS = {
@@ -81,9 +84,9 @@ def init(
             f"(known: {', '.join(OPTIONS[backend]) or 'none'})"
         )
     if backend == "mpi":
-        return mpi.init_mpi(comm, checking, seconds, deadline, policy)
+        return init_mpi(comm, checking, seconds, deadline, policy)
     if backend == "gloo":
-        communicator = gloo.init_gloo(checking, seconds, deadline, **options)
+        communicator = init_gloo(checking, seconds, deadline, **options)
     else:
         communicator = nccl.init_nccl(comm=comm, check=checking, timeout=seconds, **options)
     communicator.flow.on_timeout = policy

@@ -14,7 +14,7 @@ Launches understood, in this order:
 The device is ``device=`` if given, else the local rank modulo the number of visible GPUs (the
 local rank from MPI's shared-memory split under MPI, else ``LOCAL_RANK``,
 ``MPI_LOCALRANKID`` or ``OMPI_COMM_WORLD_LOCAL_RANK``). Agreement runs on the host: MPI, or the
-store (:class:`~denseccl.transports.store.StoreControl`), never as a device sync.
+store (:class:`~denseccl.backends.store.StoreControl`), never as a device sync.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .. import config
 from ..communicator import Communicator
 from ..errors import DenseCCLError
 from ..wait import deadline_after
-from .rendezvous import env_int, env_launch, env_store, store_namespace
+from ..backends.rendezvous import env_int, env_launch, env_store, store_namespace
 
 INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
 UNIQUE_ID_BYTES = 128
@@ -204,7 +204,7 @@ def init_nccl(
     """A Communicator over NCCL (see the module docstring for launches and devices)."""
     cupy, nccl = _require_nccl()
     from ..transports.nccl import NCCLTransport  # noqa: PLC0415
-    from ..transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
+    from ..backends.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
 
     deadline = deadline_after(timeout)
     kind = launch_kind(comm=comm, store=store, size=size)
@@ -223,7 +223,7 @@ def init_nccl(
     elif kind == "mpi":
         from mpi4py import MPI  # noqa: PLC0415
 
-        from ..transports.mpi import open_control  # noqa: PLC0415
+        from ..backends.mpi.transport import open_control  # noqa: PLC0415
 
         rank, size = comm.Get_rank(), comm.Get_size()
         if device is None:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..config import launched_by_mpi
 from ..errors import DenseCCLError
-from ..transports.store import wait_for_keys
+from ..backends.store import wait_for_keys
 
 
 def host_engine() -> str:

@@ -31,7 +31,7 @@ def mpi_store(timeout: datetime.timedelta) -> Tuple[Any, int, int]:
     """``(store, rank, world size)`` of MPI's world; collective over it."""
     from mpi4py import MPI  # noqa: PLC0415
 
-    from ..transports.base import abandon  # noqa: PLC0415
+    from ..backends.base import abandon  # noqa: PLC0415
     from ..wait import wait_until  # noqa: PLC0415
 
     world = MPI.COMM_WORLD

@@ -30,7 +30,7 @@ from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import DenseCCLError, LayoutError
 from ..ops import as_op
-from ..transports.base import abandon
+from ..backends.base import abandon
 from . import all_to_all_p2p, buckets
 from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
 from ._issue import Issue, fail_everywhere, raising_everywhere, start_each

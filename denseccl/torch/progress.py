@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config
-from ..transports.base import abandon
+from ..backends.base import abandon
 from ..wait import wait_until
 
 
@@ -358,7 +358,7 @@ class WorkStep(Step):
         return self.completed
 
     def wait(self, timeout: Optional[float] = None) -> None:
-        from ..transports.gloo import wait_work  # noqa: PLC0415
+        from ..backends.gloo.transport import wait_work  # noqa: PLC0415
 
         wait_work(self.work, None if timeout is None else time.monotonic() + timeout, self.what)
         self.completed, self.keep = True, None

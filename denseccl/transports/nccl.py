@@ -37,7 +37,7 @@ from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind
 from ..streams import StreamRef, stream_pointer
-from .base import Pending, Transport
+from ..backends.base import Pending, Transport
 from .nccl_events import CudaStreams, NCCLPending, Watchdog
 from .nccl_library import NCCLLibrary
 from .nccl_tables import (

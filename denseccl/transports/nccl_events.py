@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
 from ..errors import CollectiveTimeoutError
 from ..streams import StreamRef, current_stream_pointer
 from ..wait import deadline_after, wait_until
-from .base import Pending
+from ..backends.base import Pending
 
 if TYPE_CHECKING:
     from .nccl import NCCLTransport

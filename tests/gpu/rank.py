@@ -209,7 +209,7 @@ def split(comm) -> None:
 
 
 def _shared_store():
-    from denseccl.bootstrap import rendezvous
+    from denseccl.backends import rendezvous
 
     return next(iter(rendezvous._STORES.values()), None)
 

@@ -18,7 +18,7 @@ from torch.distributed import TCPStore
 
 from denseccl.agreement import Descriptor, agree
 from denseccl.errors import CollectiveTimeoutError, LayoutError, MismatchError
-from denseccl.transports.store import StoreControl
+from denseccl.backends.store import StoreControl
 
 
 def deadline(seconds: float = 30.0) -> float:

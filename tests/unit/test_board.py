@@ -11,8 +11,8 @@ import pytest
 
 from denseccl import config
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
-from denseccl.transports import board as board_module
-from denseccl.transports.board import DIFFERENT, MIXED_TAGS, SAME, Board, page_bytes
+from denseccl.backends.mpi import board as board_module
+from denseccl.backends.mpi.board import DIFFERENT, MIXED_TAGS, SAME, Board, page_bytes
 
 
 def boards(size: int) -> list:

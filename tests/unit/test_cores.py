@@ -10,9 +10,9 @@ import pytest
 
 from denseccl import config
 from denseccl.errors import DenseCCLError
-from denseccl.transports import cores
+from denseccl.backends.mpi import cores
 from denseccl.wait import Waiting
-from denseccl.transports.cores import Placement
+from denseccl.backends.mpi.cores import Placement
 
 
 @pytest.mark.parametrize(

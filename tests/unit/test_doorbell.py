@@ -10,8 +10,8 @@ import time
 import pytest
 
 from denseccl import config
-from denseccl.transports import doorbell
-from denseccl.transports.doorbell import WORDS, Doorbells, futex_call
+from denseccl.backends.mpi import doorbell
+from denseccl.backends.mpi.doorbell import WORDS, Doorbells, futex_call
 
 futex = futex_call()
 needs_futex = pytest.mark.skipif(futex is None, reason="no futex system call known here")

@@ -56,7 +56,7 @@ def test_report_names_versions_kernels_backends_and_variables() -> None:
 
     first = str(MPI.Get_library_version()).splitlines()[0].strip()
     assert first in out  # the MPI library's own words
-    from denseccl.transports import host_kernels
+    from denseccl.backends.mpi import host_kernels
 
     assert ("  yes: built" in out) == host_kernels.native_available()
 
@@ -104,7 +104,7 @@ def test_half_fallback_warns_once_and_the_report_says_so() -> None:
         "import warnings, numpy as np\n"
         "from denseccl.dtypes import DType\n"
         "from denseccl.ops import ReduceOp\n"
-        "from denseccl.transports import host_kernels as hk\n"
+        "from denseccl.backends.mpi import host_kernels as hk\n"
         "assert not hk.native_available()\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"

@@ -12,7 +12,7 @@ import pytest
 
 from denseccl.dtypes import DTYPES
 from denseccl.ops import ReduceOp
-from denseccl.transports import host_kernels as hk
+from denseccl.backends.mpi import host_kernels as hk
 
 ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 

@@ -20,7 +20,7 @@ from denseccl.dtypes import DTYPES
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
-from denseccl.transports.store import SoloControl
+from denseccl.backends.store import SoloControl
 from tests.unit.test_nccl_fakes import NcclError, S, make
 from tests.unit.test_nccl_transport import HostCAI, wait_for
 

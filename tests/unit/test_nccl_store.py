@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from denseccl.errors import CollectiveTimeoutError, DenseCCLError
-from denseccl.transports.store import SoloControl, StoreControl, wait_for_keys
+from denseccl.backends.store import SoloControl, StoreControl, wait_for_keys
 
 RANK_PROGRAM = Path(__file__).with_name("store_rank.py")
 ROOT = Path(__file__).resolve().parents[2]

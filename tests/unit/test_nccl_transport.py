@@ -21,7 +21,7 @@ from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorB
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
 from denseccl.transports import nccl_events, nccl_tables
-from denseccl.transports.store import SoloControl
+from denseccl.backends.store import SoloControl
 from tests.unit.test_nccl_fakes import VERSION, S, make
 
 F32, C64, BOOL, I16, F16 = (DTYPES[n] for n in ("float32", "complex64", "bool", "int16", "float16"))

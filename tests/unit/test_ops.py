@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 import denseccl
 from denseccl.dtypes import DTYPES
 from denseccl.ops import BOOL_OPS, KIND_OPS, PreMulSum, ReduceOp, as_op, check_op_for_dtype
-from denseccl.transports import host_kernels as hk
-from denseccl.transports.mpi import MPITransport
+from denseccl.backends.mpi import host_kernels as hk
+from denseccl.backends.mpi.transport import MPITransport
 from tests.support.optional import needs_torch, torch
 
 MPI_DTYPES = MPITransport.dtypes

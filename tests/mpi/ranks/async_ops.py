@@ -104,7 +104,7 @@ def split_between_async_calls(comm: "denseccl.Communicator", check: Checker) -> 
     ranks only, at moments that differ per rank."""
     import random
 
-    from denseccl.transports import mpi as mpi_transport
+    from denseccl.backends.mpi import transport as mpi_transport
 
     rank, size = comm.rank, comm.size
     jitter = random.Random(rank)

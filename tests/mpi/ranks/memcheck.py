@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 
 import denseccl
-from denseccl.transports import host_kernels
+from denseccl.backends.mpi import host_kernels
 
 comm = denseccl.init()
 rank, size = comm.rank, comm.size

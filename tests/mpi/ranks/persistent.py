@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import denseccl
-from denseccl.transports.mpi import has_persistent
+from denseccl.backends.mpi.transport import has_persistent
 from denseccl.config import PERSISTENT_REQUESTS as REQUESTS
 from tests.support.checker import Checker
 

@@ -100,7 +100,7 @@ equal("split by parity (reversed order)", v, np.full(3, sum(r for r in range(siz
 
 # gloo's own threads move the data: a waiter blocks in gloo's Work.wait instead of polling the
 # work's test (a polling waiter took their cores: 1.4x slower than gloo at 64 MiB on 2 cores)
-from denseccl.transports.gloo import GlooPending  # noqa: E402
+from denseccl.backends.gloo.transport import GlooPending  # noqa: E402
 
 polls = [0]
 polled_test = GlooPending.test

@@ -24,7 +24,7 @@ import math
 import os
 from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..wait import WAITING
+from ...wait import WAITING
 from .doorbell import Doorbells
 
 class Placement(NamedTuple):

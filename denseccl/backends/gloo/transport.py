@@ -27,11 +27,11 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
-from ..dtypes import DType
-from ..errors import ArgumentError, CollectiveTimeoutError, DenseCCLError, OpError
-from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from ..wait import deadline_after
-from .base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
+from ...dtypes import DType
+from ...errors import ArgumentError, CollectiveTimeoutError, DenseCCLError, OpError
+from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
+from ...wait import deadline_after
+from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from ..transports.base import is_timeout
+from .base import is_timeout
 
 #: the variables of a torchrun-style launch (env://)
 ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -41,7 +41,7 @@ def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:  # timeout
     reuses it: its server holds the port), served by rank 0 unless torchrun's agent serves it
     (``TORCHELASTIC_USE_AGENT_STORE=True``). CollectiveTimeoutError when the server cannot be
     reached within ``timeout`` seconds."""
-    from ..transports.store import tcp_store  # noqa: PLC0415 - needs torch
+    from ..backends.store import tcp_store  # noqa: PLC0415 - needs torch
 
     address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     store = _STORES.get(address)

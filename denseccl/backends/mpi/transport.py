@@ -23,13 +23,13 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from mpi4py import MPI
 
-from .. import config
-from ..dtypes import DType
-from ..ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
+from ... import config
+from ...dtypes import DType
+from ...ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
-from .base import Pending, Start, Transport
-from .mpi_calls import InPlace, Requests, message_at
-from .mpi_control import MPIControl, free_comm, open_control, retire_comm, split_comm
+from ..base import Pending, Start, Transport
+from .calls import InPlace, Requests, message_at
+from .control import MPIControl, free_comm, open_control, retire_comm, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,

@@ -33,10 +33,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, List, Optional
 
-from .. import config
-from ..errors import peer_gave_up_error
+from ... import config
+from ...errors import peer_gave_up_error
 from . import cores
-from ..wait import WAITING, wait_until
+from ...wait import WAITING, wait_until
 
 #: answers of the MPI backend's agreement step (``all_equal`` with a tag): falsy only when the
 #: ranks disagree; MIXED_TAGS when they agree on the call but hold different persistent

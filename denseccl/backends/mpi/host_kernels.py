@@ -25,9 +25,9 @@ from typing import Any, Callable, Dict, Iterator, Tuple
 
 import numpy as np
 
-from .. import config
-from ..dtypes import DType
-from ..ops import ReduceOp
+from ... import config
+from ...dtypes import DType
+from ...ops import ReduceOp
 
 #: Elements per chunk: large enough to amortise NumPy's per-call cost, small enough for L2.
 CHUNK = 1 << 15
@@ -37,7 +37,7 @@ KERNELS = config.settings().host_kernels
 
 _native: Any  # the compiled module, or None
 try:
-    from .. import _half_kernels as _native
+    from ... import _half_kernels as _native
 except ImportError:  # built without a C compiler
     _native = None
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..communicator import Communicator
-from ..errors import DenseCCLError
-from .rendezvous import env_int, env_launch, env_store, store_namespace
+from ...communicator import Communicator
+from ...errors import DenseCCLError
+from ..rendezvous import env_int, env_launch, env_store, store_namespace
 
 
 def init_gloo(
@@ -23,7 +23,7 @@ def init_gloo(
 ) -> Communicator:
     """The gloo engine on ``store`` (default: the env:// store of a torchrun-style launch)."""
     try:
-        from ..transports.gloo import open_gloo  # noqa: PLC0415 - needs torch
+        from .transport import open_gloo  # noqa: PLC0415 - needs torch
     except ImportError as error:
         raise DenseCCLError(
             f"the gloo engine needs torch ({error}): install torch, or launch with mpiexec for the MPI transport "

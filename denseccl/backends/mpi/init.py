@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from .. import config, log
-from ..communicator import Communicator
-from ..errors import CollectiveTimeoutError, DenseCCLError
-from ..wait import wait_until
+from ... import config, log
+from ...communicator import Communicator
+from ...errors import CollectiveTimeoutError, DenseCCLError
+from ...wait import wait_until
 
 
 def import_mpi() -> Any:
@@ -30,8 +30,8 @@ def init_mpi(
     """A Communicator over two duplicates of ``comm`` (default ``COMM_WORLD``): one for the data,
     one for the agreement step."""
     MPI = import_mpi()
-    from ..transports.base import abandon  # noqa: PLC0415
-    from ..transports.mpi import MPITransport, open_control  # noqa: PLC0415
+    from ..base import abandon  # noqa: PLC0415
+    from .transport import MPITransport, open_control  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
     _log_mpi(MPI, base)
@@ -55,7 +55,7 @@ def _log_mpi(MPI: Any, base: Any) -> None:
         return
     import mpi4py  # noqa: PLC0415
 
-    from ..transports import host_kernels  # noqa: PLC0415
+    from . import host_kernels  # noqa: PLC0415
 
     log.set_rank(MPI.COMM_WORLD.Get_rank())
     library = " ".join(str(MPI.Get_library_version()).splitlines()[0].split())

@@ -19,11 +19,11 @@ from typing import Any, NoReturn, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from .. import config, log
-from ..errors import CommunicatorBrokenError, peer_gave_up_error
+from ... import config, log
+from ...errors import CommunicatorBrokenError, peer_gave_up_error
 from . import cores
-from ..wait import wait_until
-from .base import ControlChannel, Flag, abandon
+from ...wait import wait_until
+from ..base import ControlChannel, Flag, abandon
 from .board import UNPLANNED, Board, answer
 
 _SEVEN = struct.Struct("=7q")

@@ -23,7 +23,7 @@ import platform
 import sys
 from typing import Any, Callable, List, Optional
 
-from .. import config
+from ... import config
 
 #: the futex system call's number per processor (Linux)
 FUTEX_SYSCALL = {

@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from mpi4py import MPI
 
-from .. import config
-from .base import ControlChannel, abandon
+from ... import config
+from ..base import ControlChannel, abandon
 from .board import MIXED_TAGS, SAME
 
 #: a request held for one (digest, address): (tag, request, its Start, its Test)
