@@ -1,7 +1,7 @@
 /* float16 / bfloat16 arithmetic for the MPI transport, compiled when a C compiler is present.
 
 Each element is widened to float32 exactly, combined in float32 and rounded to the storage type
-(round to nearest even): the rule of denseccl's NumPy kernels (transports/host_kernels.py), bit
+(round to nearest even): the rule of denseccl's NumPy kernels (backends/mpi/host_kernels.py), bit
 for bit, in one pass. The loops are branch-free so the compiler vectorises them, and no float32
 subnormal is ever an operand, so flush-to-zero/denormals-are-zero modes change nothing.
 

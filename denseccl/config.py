@@ -52,7 +52,7 @@ BOARD_SPINS = 20000
 #: collectives take a few progress calls of their own after the peer has delivered (MPICH's
 #: small allreduce: three to six, ~0.2 us each, more right after a context switch), but the
 #: polls of a rank whose peer has not started yet are wasted. Two to four measured alike on one
-#: core (a 4 KiB replay), one about 25% slower.
+#: core (a repeated 4 KiB call), one about 25% slower.
 CROWDED_BURST = 3
 #: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
 #: and watches for a peer that gave up: a peer that shares the core and has nothing else to do

@@ -1,5 +1,14 @@
 """How the ranks of a launch meet without MPI: the torchrun-style variables, the env:// store
-(one per process, shared by every backend), and the namespace of each communicator on a store."""
+(one per process, shared by every backend), and the namespace of each communicator on a store.
+
+Why it exists apart from any backend: gloo and NCCL both meet on a torch key-value store, and a
+process may hold communicators of both, and a torch process group, on the one store that
+torchrun's variables point to. A second ``TCPStore`` server on ``MASTER_ADDR:MASTER_PORT``
+would fail to bind, so the store is made once per address and shared, and every communicator
+works under a prefix of its own that every rank computes alike (a counter per rank and
+backend, kept in the store), so that their keys never collide. Reaching the store is bounded
+by the bootstrap's deadline, as every other step of ``init``.
+"""
 
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 explicit arguments.
 
 Launches, for host arrays: an MPI launcher (mpiexec, mpirun, srun with PMI) gives the MPI
-transport (:mod:`.mpi`); a torchrun-style environment (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``) without one gives the gloo engine (transports/gloo.py) over a
+transport (backends/mpi); a torchrun-style environment (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) without one gives the gloo backend (backends/gloo) over a
 ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``, where torch is installed; ``store=`` with
-``rank=`` and ``size=`` gives the gloo engine on that store (:mod:`.gloo`). For device arrays:
-NCCL (:mod:`.nccl`). How ranks meet without MPI is :mod:`.rendezvous`. Every step of the
+``rank=`` and ``size=`` gives the gloo backend on that store. For device arrays:
+NCCL (:mod:`.nccl`). How ranks meet without MPI is backends/rendezvous.py. Every step of the
 bootstrap honours ``timeout``: a peer that never calls ``init`` makes it raise
 :class:`CollectiveTimeoutError` on the others.
 

@@ -18,7 +18,7 @@ from .. import config
 
 def synchronous_on_host(opts: Any, tensors: Sequence[torch.Tensor]) -> bool:
     """A call torch makes synchronously (``async_op=False``) on CPU tensors: its collectives
-    then run synchronously too, so that a repeated geometry replays a plan (plans.py)."""
+    then run synchronously too, so that a repeated geometry runs its prepared call (calls.py)."""
     return not getattr(opts, "asyncOp", True) and all(t.device.type == "cpu" for t in tensors)
 
 

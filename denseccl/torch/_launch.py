@@ -4,7 +4,7 @@ A job started by an MPI launcher (mpiexec, mpirun, srun with PMI) moves CPU tens
 the group needs an MPI communicator whose ranks are torch's ranks in the same order, which this
 module builds, refusing with a message that says how to launch when torch's rank or world size
 disagrees with MPI's. Any other launch (torchrun, ``mp.spawn``, env://, file://, tcp://) moves
-them over the gloo engine (denseccl/transports/gloo.py), made from the group's own store.
+them over the gloo engine (denseccl/backends/gloo/transport.py), made from the group's own store.
 """
 
 from __future__ import annotations

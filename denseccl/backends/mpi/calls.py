@@ -6,7 +6,7 @@ and friends) let the library build its schedule once per buffer instead of once 
 setting one up is collective, a persistent request matches only its own kind on the peers,
 and each rank's cache of them is its own (addresses differ, eviction is local). So the ranks
 decide together, in the agreement step they take anyway, by a tag riding in it (the MPI
-channels carry one: mpi_control.py, board.py): a call passes the tag of the request it holds
+channels carry one: control.py, board.py): a call passes the tag of the request it holds
 for its (geometry, address), 0 where it holds none. Equal tags: every rank starts the request it
 holds, or, where none holds one (0), all set one up now. Different tags (one rank evicted
 its request, another rank's call is on the general path, which passes ``board.UNPLANNED``):

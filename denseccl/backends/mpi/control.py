@@ -6,6 +6,13 @@ Both carry, besides the agreement, the news that a rank gave up on a call (a tim
 board through a flag in its page, MPI through a message to every peer on the control
 communicator. A rank checks for it after each collective and while it waits, so that no call
 completes by pairing with one a peer abandoned.
+
+Why a channel of its own beside the transport: the agreement step runs before every checked
+call, so its cost is paid per call. On its own duplicate of the job's communicator it never
+queues behind a large transfer. Over MPI its message is seven 64-bit words (digest, invalid,
+sequence, tag, with negations so that one MAX gives both extremes): the sequence number catches
+a rank that skipped or abandoned a call, the tag pairs persistent requests (calls.py). On a
+board it costs no library call at all.
 """
 
 from __future__ import annotations

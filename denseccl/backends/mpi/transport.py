@@ -135,7 +135,7 @@ class MPITransport(Transport):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        #: the persistent requests of repeated calls (mpi_calls.py)
+        #: the persistent requests of repeated calls (calls.py)
         self.requests = Requests()
         # freed at exit, before mpi4py finalizes MPI (which reports requests still allocated)
         weakref.finalize(self, self.requests.release, False)
@@ -246,7 +246,7 @@ class MPITransport(Transport):
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Start]:
-        """The in-place ``collective`` of one geometry (mpi_calls.py): one library call on a
+        """The in-place ``collective`` of one geometry (calls.py): one library call on a
         prebuilt message, on a persistent request the ranks pair where MPI has them (MPI 4;
         Open MPI from 5.0). Where host work surrounds the call (avg, PreMulSum) or a large
         half-precision allreduce splits in two, the general method (``Transport.prepare``)."""
