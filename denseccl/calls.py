@@ -5,7 +5,7 @@ way every time for the same (collective, shape, strides, dtype, op, root): the l
 rule, the op-dtype checks and the agreement descriptor are functions of those alone. So the
 first such call validates into a :class:`Call` (descriptor, digest, the transport's prepared
 start, and how to find the span from the array) that the communicator keeps under
-:func:`key_of`; a repeated call looks it up and goes straight to the engine
+:func:`lookup`'s key; a repeated call looks it up and goes straight to the engine
 (:meth:`~denseccl.flow.Flow.run`), as the first call did. Every other call (``out=``, async,
 a device array, allgather, reduce-scatter, barrier) is validated each time into a Call of its
 own that the engine runs the same way.
@@ -14,7 +14,7 @@ own that the engine runs the same way.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -86,22 +86,23 @@ def prepared(descriptor: Descriptor, start: Start, buffer: Buffer) -> Call:
     )
 
 
-def key_of(collective: str, x: Any, call: Any) -> Optional[tuple]:
+def lookup(
+    calls: Dict[Any, Call], collective: str, x: Any, call: Any, writes: bool
+) -> Tuple[Optional[tuple], Optional[Call]]:
     """The cache key of ``collective`` on ``x`` with the rest of the ``call`` (op, root), or
-    None for arrays whose calls are not cached."""
+    None for arrays whose calls are not cached; and the call prepared for that key, if any and
+    if it may run on ``x`` without revalidating: a call that ``writes`` needs a writable NumPy
+    array (a read-only one takes the validating path, which says so)."""
     if type(x) is _ndarray:
-        return (collective, x.shape, x.strides, x.dtype, call)
+        key: tuple = (collective, x.shape, x.strides, x.dtype, call)
+        found = calls.get(key)
+        if writes and found is not None and not x.flags.writeable:
+            found = None
+        return key, found
     if plain_torch(x):
-        return (collective, "torch", x.shape, x.stride(), x.dtype, call)
-    return None
-
-
-def usable(call: Optional[Call], x: Any, writes: bool) -> Optional[Call]:
-    """``call`` if it may run on ``x`` without revalidating: a call that ``writes`` needs a
-    writable NumPy array (a read-only one takes the validating path, which says so)."""
-    if writes and call is not None and type(x) is _ndarray and not x.flags.writeable:
-        return None
-    return call
+        key = (collective, "torch", x.shape, x.stride(), x.dtype, call)
+        return key, calls.get(key)
+    return None, None
 
 
 def plain_torch(x: Any) -> bool:
@@ -121,4 +122,4 @@ def remember(calls: Dict[Any, Call], key: Any, call: Call) -> None:
     calls[key] = call
 
 
-__all__ = ["Call", "general", "key_of", "plain_torch", "prepared", "remember", "usable"]
+__all__ = ["Call", "general", "lookup", "plain_torch", "prepared", "remember"]

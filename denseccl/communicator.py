@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple
 
 from . import config, streams
 from .agreement import Descriptor
-from .calls import Call, general, key_of, prepared, remember, usable
+from .calls import Call, general, lookup, prepared, remember
 from .arrays import HOST, Buffer, allocate, as_buffer
 from .dtypes import DTYPES, DType
 from .errors import ArgumentError, LayoutError
@@ -82,8 +82,7 @@ class Communicator:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
         if out is None and stream is None and not async_op and type(op) is str:
-            key = key_of("allreduce", x, op)
-            call = usable(self.flow.calls.get(key), x, True)
+            key, call = lookup(self.flow.calls, "allreduce", x, op, True)
             if call is not None:
                 return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
@@ -111,8 +110,7 @@ class Communicator:
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
         if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
-            key = key_of("reduce", x, (op, root))
-            call = usable(self.flow.calls.get(key), x, self.rank == root)
+            key, call = lookup(self.flow.calls, "reduce", x, (op, root), self.rank == root)
             if call is not None:
                 return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
@@ -142,8 +140,7 @@ class Communicator:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
         key = None
         if type(root) is int and not async_op and stream is None:
-            key = key_of("broadcast", x, root)
-            call = usable(self.flow.calls.get(key), x, self.rank != root)
+            key, call = lookup(self.flow.calls, "broadcast", x, root, self.rank != root)
             if call is not None:
                 return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow

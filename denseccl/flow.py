@@ -92,7 +92,9 @@ class Flow:
         began = time.perf_counter() if call.tracing else 0.0
         try:
             if self.check and self.size > 1:
-                agree(self.control, call.descriptor, deadline_after(self.timeout), None, call.value, call.step, address)
+                timeout = self.timeout
+                deadline = None if timeout is None else time.monotonic() + timeout
+                agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
             started = call.start(address)
         except Exception as error:
             self.note_failure(error)  # the agreement's or the library's: a timeout gives up

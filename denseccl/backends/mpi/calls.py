@@ -15,7 +15,7 @@ the next call sets up a new one on every rank. Tags number the set-ups, the same
 rank. Hence persistent requests only where the check is on (or there are no peers).
 
 The core sees none of this: :meth:`MPITransport.prepare` hands it a ``base.Start`` whose
-``step`` is :meth:`InPlace.step` (the agreement with the tag) and whose ``start`` starts what
+``step`` (:func:`in_place`) is the agreement with the tag and whose ``start`` starts what
 the step decided. Everything else (which library call, its message) is bound once here.
 """
 
@@ -27,26 +27,32 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from mpi4py import MPI
 
 from ... import config
-from ..base import ControlChannel, abandon
+from ..base import ControlChannel, Start, abandon
 from .board import MIXED_TAGS, SAME
 
-#: a request held for one (digest, address): (tag, request, its Start, its Test)
+#: a request held for one (geometry, address): (tag, request, its Start, its Test)
 Entry = Tuple[int, Any, Callable[[], Any], Callable[[], bool]]
 
 
 class Requests:
     """One communicator's persistent requests, by (geometry, address): the geometry is what
-    the library call binds (collective, count, dtype, op, root). Between calls every request
-    here is inactive."""
+    the library call binds (collective, count, dtype, op, root), numbered (:meth:`number`).
+    Between calls every request here is inactive."""
 
-    __slots__ = ("entries", "tags")
+    __slots__ = ("entries", "tags", "kinds")
 
     def __init__(self) -> None:
-        self.entries: Dict[Tuple[Any, int], Entry] = {}
+        self.entries: Dict[Tuple[int, int], Entry] = {}
         #: the last tag handed out
         self.tags = 0
+        #: geometry -> a small int standing for it in the keys
+        self.kinds: Dict[Any, int] = {}
 
-    def create(self, key: Tuple[Any, int], setup: Callable[[int], Any]) -> Entry:
+    def number(self, geometry: Any) -> int:
+        """The int that stands for ``geometry`` in this communicator's keys."""
+        return self.kinds.setdefault(geometry, len(self.kinds) + 1)
+
+    def create(self, key: Tuple[int, int], setup: Callable[[int], Any]) -> Entry:
         """Set up the request for ``key`` (collective: every rank at the same call); past
         :data:`config.PERSISTENT_REQUESTS` the oldest one goes."""
         self.tags += 1
@@ -56,7 +62,7 @@ class Requests:
         entry = self.entries[key] = (self.tags, request, request.Start, request.Test)
         return entry
 
-    def drop(self, key: Tuple[Any, int]) -> None:
+    def drop(self, key: Tuple[int, int]) -> None:
         """Free the request held for ``key``, if any (inactive)."""
         entry = self.entries.pop(key, None)
         if entry is not None:
@@ -75,57 +81,59 @@ class Requests:
                 request.Free()
 
 
-class InPlace:
-    """The in-place start of one geometry: ``issue(address)`` starts it as a nonblocking
-    collective; ``setup(address)``, where the library has persistent collectives, sets it up
-    as a persistent request instead, held in ``requests`` under ``(geometry, address)``.
-    ``solo``: no peers, so no step either: every call may use its request."""
+def in_place(
+    issue: Callable[[list], Any], init: Optional[Callable[[list], Any]], count: int, mpi_type: Any,
+    requests: Requests, solo: bool, geometry: Any,
+) -> Start:
+    """The in-place start of one geometry: ``issue(message)`` starts it as a nonblocking
+    collective; ``init(message)``, where the library has persistent collectives, sets it up as
+    a persistent request instead, held in ``requests`` under ``(geometry, address)``. ``solo``:
+    no peers, so no step either: every call may use its request. Closures over locals: this
+    runs on every repeated call."""
+    message = message_at(count, mpi_type)
+    entries, create, drop = requests.entries, requests.create, requests.drop
+    kind = requests.number(geometry)  # an int: keys are hashed on every call
+    #: what the last step decided: the address at which every rank starts its request (0: none),
+    #: and the entry this rank holds for it (None: set it up now)
+    ready: list = [0, None]
 
-    __slots__ = ("issue", "setup", "requests", "solo", "geometry", "_ready")
+    def setup(address: int) -> Any:
+        return init(message(address))  # type: ignore[misc]
 
-    def __init__(
-        self, issue: Callable[[int], Callable[[], bool]], setup: Optional[Callable[[int], Any]], requests: Requests,
-        solo: bool, geometry: Any,
-    ) -> None:
-        self.issue = issue
-        self.setup = setup
-        self.requests = requests
-        self.solo = solo
-        self.geometry = geometry
-        #: the address at which the last step decided that every rank starts its request
-        self._ready: Optional[int] = None
-
-    def step(self, control: ControlChannel, value: int, invalid: bool, deadline: Optional[float], address: int) -> int:
-        """The agreement step with this rank's tag for ``address``; decides what :meth:`start`
+    def step(control: ControlChannel, value: int, invalid: bool, deadline: Optional[float], address: int) -> int:
+        """The agreement step with this rank's tag for ``address``; decides what ``start``
         starts there."""
-        key = (self.geometry, address)
-        entry = self.requests.entries.get(key)
+        entry = entries.get((kind, address))
         answer = control.all_equal(value, invalid, deadline, 0 if entry is None else entry[0])  # type: ignore[call-arg]
         if answer == SAME:
-            self._ready = address
+            ready[0], ready[1] = address, entry
         else:
-            self._ready = None
+            ready[0] = 0
             if answer == MIXED_TAGS:
-                self.requests.drop(key)
+                drop((kind, address))
         return answer
 
-    def start(self, address: int) -> Callable[[], bool]:
+    def start(address: int) -> Callable[[], bool]:
         """Start the call at ``address``: on its persistent request where the step just said
         so there (or there are no peers), else as a nonblocking collective."""
-        ready, self._ready = self._ready, None
-        if self.setup is None or (ready != address and not self.solo):
-            return self.issue(address)
-        key = (self.geometry, address)
-        entry = self.requests.entries.get(key)
+        decided, ready[0] = ready[0], 0
+        if decided == address:
+            entry = ready[1]
+        elif solo and init is not None:
+            entry = entries.get((kind, address))
+        else:
+            return issue(message(address)).Test  # type: ignore[no-any-return]
         if entry is None:
-            entry = self.requests.create(key, self.setup)
+            entry = create((kind, address), setup)
         entry[2]()  # Start
-        return entry[3]
+        return entry[3]  # type: ignore[no-any-return]
 
-    def lost(self, address: int) -> None:
+    def lost(address: int) -> None:
         """The request started at ``address`` was abandoned with its transfer: never start or
         free it again."""
-        self.requests.entries.pop((self.geometry, address), None)
+        entries.pop((kind, address), None)
+
+    return Start(start, step if init is not None else None, lost)
 
 
 def message_at(count: int, mpi_type: Any) -> Callable[[int], list]:
@@ -143,4 +151,4 @@ def message_at(count: int, mpi_type: Any) -> Callable[[int], list]:
     return message
 
 
-__all__ = ["InPlace", "Requests", "message_at"]
+__all__ = ["Requests", "in_place", "message_at"]

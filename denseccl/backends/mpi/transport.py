@@ -28,7 +28,7 @@ from ...dtypes import DType
 from ...ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
 from ..base import Pending, Start, Transport
-from .calls import InPlace, Requests, message_at
+from .calls import Requests, in_place
 from .control import MPIControl, free_comm, open_control, retire_comm, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
@@ -253,12 +253,9 @@ class MPITransport(Transport):
         issue = self._in_place_call(collective, op, root, dtype, persistent=False)
         if issue is None or (collective == "allreduce" and self._split_halves(count, dtype)):
             return super().prepare(collective, count, dtype, op, root)
-        message = message_at(count, _MPI_TYPES[dtype.name])
         init = self._in_place_call(collective, op, root, dtype, persistent=True) if has_persistent() else None
-        setup = None if init is None else (lambda address: init(message(address)))
         geometry = (collective, count, dtype.name, None if op is None else str(op), root)
-        calls = InPlace(lambda address: issue(message(address)).Test, setup, self.requests, self.size == 1, geometry)
-        return Start(calls.start, calls.step, calls.lost)
+        return in_place(issue, init, count, _MPI_TYPES[dtype.name], self.requests, self.size == 1, geometry)
 
     def _in_place_call(
         self, collective: str, op: Optional[Op], root: int, dtype: DType, *, persistent: bool
