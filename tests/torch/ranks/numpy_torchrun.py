@@ -91,7 +91,7 @@ except denseccl.MismatchError as error:
 try:
     comm.allreduce(np.ones(4, np.int16))
     check.check(False, "int16 reduction refused")
-except (denseccl.LayoutError, denseccl.MismatchError) as error:
+except (denseccl.ArgumentError, denseccl.MismatchError) as error:
     check.check("int16" in str(error) or "mismatch" in str(error), f"int16 reduction refused with the reason: {error}")
 half = comm.split(rank % 2, key=-rank)
 v = np.full(3, rank, np.int64)
