@@ -3,7 +3,9 @@ not complete.
 
 - :class:`CudaStreams`: an event recorded after each call (a ``cupy.cuda.Event`` recorded on the
   call's stream, which ``cupy.cuda.Stream.from_external`` wraps), whether it has completed
-  (``Event.done``), a stream made to wait for it (``Stream.wait_event``) and whether a stream is
+  (``cudaEventQuery``'s status through ``cupy.cuda.runtime.eventQuery``: CuPy's ``Event.done``
+  reads a sticky CUDA error as "not done yet", which would turn it into a timeout or a hang), a
+  stream made to wait for it (``Stream.wait_event``) and whether a stream is
   being captured into a CUDA graph (``Stream.is_capturing``). The ``cupy`` module is passed in,
   so the CPU tests run this very code on a fake whose API is checked against the installed CuPy.
 - :class:`NCCLPending`: :meth:`~NCCLPending.wait` makes the caller's *current* stream wait for
@@ -33,6 +35,8 @@ from .base import Pending, deadline_after, wait_until
 
 if TYPE_CHECKING:
     from .nccl import NCCLTransport
+
+CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
 
 
 class _Handle:
@@ -80,7 +84,15 @@ class CudaStreams:
         return event
 
     def done(self, event: Any) -> bool:
-        return bool(event.done)
+        """Whether the work before ``event`` has completed; raises CuPy's ``CUDARuntimeError``
+        for any status but success and cudaErrorNotReady (e.g. an illegal address, sticky)."""
+        runtime = self._cupy.cuda.runtime
+        status = runtime.eventQuery(event.ptr)
+        if status == CUDA_SUCCESS:
+            return True
+        if status == CUDA_NOT_READY:
+            return False
+        raise runtime.CUDARuntimeError(status)
 
     def wait(self, pointer: int, event: Any) -> None:
         """Make stream ``pointer`` wait for ``event`` (no host synchronisation)."""
@@ -264,8 +276,19 @@ class NCCLPending(Pending):
         self.captured = captured
 
     def test(self) -> bool:
+        return self.captured or self._finished()
+
+    def _finished(self) -> bool:
+        """Whether the call completed or the communicator failed; a CUDA error while asking
+        (a sticky error of the context) aborts the communicator and counts as its failure."""
         transport = self._transport
-        return self.captured or transport._failure is not None or transport.events.done(self._event)
+        if transport._failure is not None:
+            return True
+        try:
+            return bool(transport.events.done(self._event))
+        except Exception as error:  # noqa: BLE001 - CuPy raises CUDARuntimeError
+            transport.abort(f"checking NCCL work failed: {type(error).__name__}: {error}", timed_out=False)
+            return True
 
     def wait(self, deadline: Optional[float]) -> None:
         """Make the caller's current stream wait for the call (free when the call ran there)."""
@@ -293,7 +316,7 @@ class NCCLPending(Pending):
         transport = self._transport
 
         def finished() -> bool:
-            if transport._failure is not None or transport.events.done(self._event):
+            if self._finished():
                 return True
             error = transport.async_error()
             if error:

@@ -260,7 +260,24 @@ def test_watchdog_cuda_error_while_polling():
     transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
     events.broken_query = True
     assert wait_for(lambda: comm.aborted)
-    assert "illegal memory access" in transport.failure()
+    assert "checking NCCL work failed" in transport.failure() and "illegal memory access" in transport.failure()
+
+
+def test_sticky_cuda_error_breaks_synchronize_and_test():
+    """CuPy's Event.done reads a sticky error as "not done": waiting on it would time out (or,
+    without a deadline, hang). The error is seen, the communicator aborted, and said why."""
+    transport, comm, events, _ = make(timeout=None)
+    events.auto_done = False
+    pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    also = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    transport._watchdog.close()  # this test asks the pending calls themselves
+    events.broken_query = True
+    assert not events.recorded[-1].done  # CuPy's own answer: no error, just "not done"
+    with pytest.raises(CommunicatorBrokenError, match="illegal memory access"):
+        pending.synchronize(time.monotonic() + 5)
+    assert comm.aborted and also.test()
+    with pytest.raises(CommunicatorBrokenError, match="illegal memory access"):
+        also.wait(None)
 
 
 # -- split -------------------------------------------------------------------------------------
@@ -268,6 +285,7 @@ def test_watchdog_cuda_error_while_polling():
 
 def test_split():
     transport, comm, _, _ = make(timeout=7.0)
+    comm.split_size = 1
     part = transport.split(3, 1)
     assert comm.calls[-1] == ("commSplit", 3, 1)
     assert (part.size, part.device, part.timeout, part.version) == (1, 0, 7.0, VERSION)
