@@ -29,7 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
 
-from ..errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError, LayoutError
 from ..streams import StreamRef, current_stream_pointer
 from .base import Pending, deadline_after, wait_until
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .nccl import NCCLTransport
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
+CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
 
 
 class _Handle:
@@ -100,9 +101,26 @@ class CudaStreams:
             self.stream(pointer).wait_event(event)
 
     def capturing(self, pointer: int) -> bool:
-        """Whether stream ``pointer`` is being captured into a CUDA graph now."""
+        """Whether stream ``pointer`` is being captured into a CUDA graph now. CuPy's answer
+        raises where the question has none: an invalidated capture, or the legacy stream while
+        another stream captures (cudaErrorStreamCaptureImplicit); both become a LayoutError that
+        says what to do, raised before anything is enqueued (the communicator stays usable)."""
         with self._cupy.cuda.Device(self.device):
-            return bool(self.stream(pointer).is_capturing())
+            try:
+                return bool(self.stream(pointer).is_capturing())
+            except RuntimeError as error:
+                if getattr(error, "status", None) == CUDA_CAPTURE_IMPLICIT:
+                    raise LayoutError(
+                        f"stream {pointer:#x} is the legacy default stream, which cannot be used while another stream "
+                        f"is captured into a CUDA graph ({error}); run the collective on a non-default stream "
+                        "(stream=, or the capturing stream) or after the capture"
+                    ) from error
+                if "invalidated" not in str(error):
+                    raise
+                raise LayoutError(
+                    f"the capture of stream {pointer:#x} into a CUDA graph was invalidated by an earlier error "
+                    f"({error}); end it (end_capture) and capture again. Nothing was enqueued"
+                ) from error
 
     def current(self, ref: StreamRef) -> int:
         return self._current(ref.library, ref.device)

@@ -296,7 +296,7 @@ class FakeCuda:
 
             @property
             def done(self):
-                return event_query(self.ptr) == 0  # cudaSuccess; any error reads as "not done"
+                return world.module.cuda.runtime.eventQuery(self.ptr) == 0  # any error reads as "not done"
 
             def synchronize(self):
                 pass
@@ -327,7 +327,7 @@ class FakeCuda:
                 world.waits.append((self.ptr, event))
 
             def is_capturing(self):
-                return stream_is_capturing(self.ptr)
+                return world.module.cuda.runtime.streamIsCapturing(self.ptr)
 
         class Device:
             def __init__(self, device=None):

@@ -138,6 +138,31 @@ def test_barrier_during_capture_is_refused_and_harmless():
     transport.barrier().wait(time.monotonic() + 1)
 
 
+def test_an_invalidated_capture_is_a_clear_error_not_a_broken_communicator(solo):
+    """CuPy's Stream.is_capturing raises for an invalidated capture and, on the legacy stream,
+    while another stream captures: refused before the call, with what to do; still usable."""
+    x = HostCAI(np.ones(4, np.float32))
+    solo.cuda.capturing.add(55)
+    solo.cuda.invalidated.add(55)
+    with pytest.raises(LayoutError, match="capture of stream 0x37 into a CUDA graph was invalidated.*end_capture"):
+        solo.allreduce(x)
+    solo.cuda.invalidated.clear()
+    solo.cuda.capturing = {77}
+    with pytest.raises(LayoutError, match="legacy default stream.*cudaErrorStreamCaptureImplicit.*non-default stream"):
+        solo.allreduce(x, stream=0)
+    assert solo.broken is None and solo.fake.calls == [] and solo.transport._inside == 0
+    solo.cuda.capturing.clear()
+    assert solo.allreduce(x) is x and solo.fake.calls[-1][0] == "allReduce"
+
+
+def test_other_cuda_errors_of_is_capturing_are_not_renamed():
+    transport, _, cuda, _ = make()
+    cuda.module.cuda.runtime.streamIsCapturing = lambda stream: (_ for _ in ()).throw(RuntimeError("cudaErrorX"))
+    with pytest.raises(RuntimeError, match="cudaErrorX"):
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    transport.close()
+
+
 def test_communicator_under_capture(solo):
     solo.cuda.capturing.add(55)
     solo.cuda.auto_done = False
