@@ -120,7 +120,7 @@ class NCCLTransport(Transport):
         self._scratch: Any = None
         self._watchdog = Watchdog(
             timeout, self.events.done, self.async_error, self.abort, watchdog_interval,
-            getattr(self.events, "bind_thread", None),
+            getattr(self.events, "bind_thread", None), getattr(self.events, "capture_in_progress", None),
         )
 
     def __repr__(self) -> str:
@@ -137,6 +137,12 @@ class NCCLTransport(Transport):
 
     def failure(self) -> Optional[str]:
         return None if self._failure is None else self._failure[0]
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until the watchdog has retired every eager call (it then queries no CUDA event):
+        call it before beginning a CUDA graph capture in the default global mode, in which a
+        query from any thread invalidates the capture. Whether it got there within ``timeout``."""
+        return self._watchdog.wait_idle(timeout)
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:

@@ -18,7 +18,13 @@ not complete.
 
 A call enqueued while its stream is being captured into a CUDA graph runs only when the graph
 is replayed: it gets no watchdog entry and its event is never queried (querying an event
-recorded during capture is an error), as ProcessGroupNCCL does under capture.
+recorded during capture is an error), as ProcessGroupNCCL does under capture. In CUDA's default
+(global) capture mode any event query, from any thread, invalidates a capture in progress, so
+once a call has seen a capture on a device, no watchdog of that device queries an event until
+that capture has ended (``cudaStreamIsCapturing`` itself is allowed during a capture). torch's
+CUDAGraph closes the other half for ProcessGroupNCCL, waiting before a capture begins until the
+watchdog has retired the eager work; here :meth:`Watchdog.wait_idle` (the transport's
+``wait_idle``) is that wait, for the caller to make before it begins a capture.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import collections
 import importlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
 
 from ..errors import CollectiveTimeoutError, LayoutError
 from ..streams import StreamRef, current_stream_pointer
@@ -38,6 +44,12 @@ if TYPE_CHECKING:
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
 CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
+
+
+#: (id of the cupy module, device) -> (that module, the streams seen capturing there whose capture
+#: may still run): process-wide, since a capture is invalidated by a query from any thread
+_CAPTURES: Dict[Tuple[int, int], Tuple[Any, Set[int]]] = {}
+_CAPTURES_LOCK = threading.Lock()
 
 
 class _Handle:
@@ -62,6 +74,8 @@ class CudaStreams:
         self._current = current  # (library, device) -> that library's current stream there
         self.device = device
         self._streams: Dict[int, Any] = {}
+        with _CAPTURES_LOCK:
+            self._captures = _CAPTURES.setdefault((id(self._cupy), device), (self._cupy, set()))[1]
 
     def stream(self, pointer: int) -> Any:
         """CuPy's view of the stream ``pointer`` (which it does not own), made once per handle."""
@@ -107,7 +121,7 @@ class CudaStreams:
         says what to do, raised before anything is enqueued (the communicator stays usable)."""
         with self._cupy.cuda.Device(self.device):
             try:
-                return bool(self.stream(pointer).is_capturing())
+                found = bool(self.stream(pointer).is_capturing())
             except RuntimeError as error:
                 if getattr(error, "status", None) == CUDA_CAPTURE_IMPLICIT:
                     raise LayoutError(
@@ -121,6 +135,30 @@ class CudaStreams:
                     f"the capture of stream {pointer:#x} into a CUDA graph was invalidated by an earlier error "
                     f"({error}); end it (end_capture) and capture again. Nothing was enqueued"
                 ) from error
+        if found:
+            with _CAPTURES_LOCK:
+                self._captures.add(pointer)
+        return found
+
+    def capture_in_progress(self) -> bool:
+        """Whether a capture that a call on this device has seen is still running (any
+        thread's, any communicator's); captures found ended are forgotten. Never raises: a
+        stream whose capture cannot be asked about (invalidated, not yet ended) still counts."""
+        with _CAPTURES_LOCK:
+            streams = list(self._captures)
+        if not streams:
+            return False
+        ended = set()
+        for pointer in streams:
+            try:
+                with self._cupy.cuda.Device(self.device):
+                    if not self.stream(pointer).is_capturing():
+                        ended.add(pointer)
+            except Exception:  # noqa: BLE001 - an invalidated capture still runs until it is ended
+                continue
+        with _CAPTURES_LOCK:
+            self._captures.difference_update(ended)
+        return len(ended) < len(streams)
 
     def current(self, ref: StreamRef) -> int:
         return self._current(ref.library, ref.device)
@@ -174,9 +212,11 @@ class Watchdog:
         on_failure: Callable[[str, bool], None],
         interval: float = 0.02,
         on_start: Optional[Callable[[], None]] = None,
+        paused: Optional[Callable[[], bool]] = None,
     ) -> None:
         self.timeout = timeout
         self._on_start = on_start
+        self._paused = paused  # while true (a CUDA graph capture runs), no event is queried
         self._done = done
         self._async_error = async_error
         self._on_failure = on_failure
@@ -252,6 +292,9 @@ class Watchdog:
                     self._condition.wait()
                 if self._stopped:
                     return
+            if self._paused is not None and self._paused():
+                time.sleep(self._interval)  # verdicts wait for the capture's end: they need queries
+                continue
             verdict = self.check()
             if verdict is not None:
                 with self._condition:
@@ -261,6 +304,15 @@ class Watchdog:
                 self._on_failure(*verdict)
                 return
             time.sleep(self._interval)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until every watched call has been seen complete and
+        retired, so that the watchdog makes no more event queries; whether it got there. Made
+        before a CUDA graph capture begins (CUDA's global capture mode forbids queries)."""
+        deadline = time.monotonic() + timeout
+        while self._entries and not self._stopped and time.monotonic() < deadline:
+            time.sleep(self._interval)
+        return not self._entries or self._stopped
 
     def close(self) -> None:
         with self._condition:

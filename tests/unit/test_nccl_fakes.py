@@ -254,7 +254,7 @@ class FakeCuda:
         self.broken_query = False
         self.capability = "90"
         self.queries = 0
-        self.relaxed_threads: set = set()  # thread ids allowed to query during a capture
+        self.capture_mode = "global"  # cudaStreamCaptureModeGlobal, CuPy's and torch's default
         world = self
         ids = itertools.count(0x100)
         events: Dict[int, Any] = {}
@@ -266,7 +266,7 @@ class FakeCuda:
             found = events[event]
             if found.in_capture:
                 return CAPTURED_EVENT
-            if world.capturing and threading.get_ident() not in world.relaxed_threads:
+            if world.capturing and world.capture_mode == "global":
                 world.invalidated |= world.capturing  # an unsafe call during a global-mode capture
                 return CAPTURE_INVALIDATED
             if world.broken_query:

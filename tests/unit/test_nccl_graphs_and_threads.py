@@ -21,7 +21,8 @@ from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, Den
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
 from denseccl.transports.store import SoloControl
-from tests.unit.test_nccl_fakes import NcclError, S, make
+from denseccl.transports import nccl
+from tests.unit.test_nccl_fakes import FakeComm, FakeLibrary, NcclError, S, make
 from tests.unit.test_nccl_transport import HostCAI, wait_for
 
 F32, E4M3, E5M2 = DTYPES["float32"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]
@@ -111,6 +112,35 @@ def test_captured_call_has_no_watchdog_entry_and_no_event_query():
     assert not eager.captured and transport._watchdog.in_flight == 1
     assert wait_for(lambda: comm.aborted)  # and its timeout counts
     transport.close()
+
+
+def test_no_event_query_while_a_capture_runs():
+    """CUDA's global capture mode: an event query from any thread invalidates a capture in
+    progress (the fake does that too). Once a call has seen a capture on the device, the
+    watchdogs of every communicator there stop querying until it ends, then resume."""
+    transport, comm, cuda, _ = make(timeout=None, interval=0.01)
+    other = nccl.NCCLTransport(  # a second communicator on the same device and CUDA
+        FakeComm(0, 2), 0, version=FP8_VERSION, events=cuda.streams(), library=FakeLibrary(), watchdog_interval=0.01
+    )
+    cuda.auto_done = False
+    eager = [transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S), other.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)]
+    assert wait_for(lambda: cuda.queries > 4)  # both watchdogs poll the eager calls
+    assert transport.wait_idle(0.05) is False  # still in flight: not the moment to begin a capture
+    cuda.capture_mode = "relaxed"  # until the call below has seen the capture (then it is global)
+    cuda.capturing.add(88)
+    captured = transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, StreamRef(88, "cupy", 0))
+    assert captured.captured
+    time.sleep(0.05)  # a poll that had begun before the call ends
+    cuda.capture_mode = "global"
+    time.sleep(0.3)
+    assert cuda.invalidated == set()
+    cuda.capturing.clear()  # end_capture
+    for pending in eager:
+        pending._event.finished = True
+    assert transport.wait_idle(5) and other.wait_idle(5)
+    assert cuda.invalidated == set() and transport.failure() is None and other.failure() is None
+    transport.close()
+    other.close()
 
 
 def test_premul_ops_of_a_capture_live_as_long_as_the_communicator():
