@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
 CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
+CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
 
 
 #: (id of the cupy module, device) -> (that module, the streams seen capturing there whose capture
@@ -100,12 +101,13 @@ class CudaStreams:
 
     def done(self, event: Any) -> bool:
         """Whether the work before ``event`` has completed; raises CuPy's ``CUDARuntimeError``
-        for any status but success and cudaErrorNotReady (e.g. an illegal address, sticky)."""
+        for an error (e.g. an illegal address, sticky). The capture rules' refusals
+        (cudaErrorStreamCapture*) are no answer and no error of the work: "not done yet"."""
         runtime = self._cupy.cuda.runtime
         status = runtime.eventQuery(event.ptr)
         if status == CUDA_SUCCESS:
             return True
-        if status == CUDA_NOT_READY:
+        if status == CUDA_NOT_READY or status in CUDA_CAPTURE_ERRORS:
             return False
         raise runtime.CUDARuntimeError(status)
 

@@ -177,6 +177,9 @@ def test_cupy_graph_capture_and_replay(comm):
     with stream:
         comm.allreduce(x, denseccl.PreMulSum(2.0))  # warm-up: creates the PreMulSum op outside the capture
         stream.synchronize()
+        # the watchdog retires the warm-up on its next poll; a query during the capture would
+        # invalidate it (global capture mode), so wait first, as torch's CUDAGraph does
+        assert comm.transport.wait_idle(10)
         stream.begin_capture()
         comm.allreduce(x, denseccl.PreMulSum(2.0))
         work = comm.allreduce(x, "sum", async_op=True)
@@ -184,7 +187,7 @@ def test_cupy_graph_capture_and_replay(comm):
         graph = stream.end_capture()
     stream.synchronize()
     assert np.array_equal(cupy_to_host(x), np.arange(8) * 2)  # the capture itself ran nothing
-    assert comm.transport._watchdog.in_flight == 0 and comm.broken is None
+    assert comm.transport.wait_idle(10) and comm.broken is None  # nothing of the capture is watched
     for _ in range(3):
         graph.launch(stream)
     stream.synchronize()
@@ -204,6 +207,8 @@ def test_torch_graph_capture_and_replay(comm):
     with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
         comm.allreduce(t, denseccl.PreMulSum(2.0))
     torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    assert comm.transport.wait_idle(10)  # no watchdog query may run during the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         comm.allreduce(t, denseccl.PreMulSum(2.0))
@@ -214,7 +219,7 @@ def test_torch_graph_capture_and_replay(comm):
     graph.replay()
     torch.cuda.synchronize(device)
     assert torch.equal(t, base * 8) and t.stride() == (1, 4)
-    assert comm.transport._watchdog.in_flight == 0 and comm.broken is None
+    assert comm.transport.wait_idle(10) and comm.broken is None
 
 
 def test_torch_tensors_on_a_side_stream(comm):

@@ -18,10 +18,10 @@ cupy_backends/cuda/libs/nccl.pyx):
 - a communicator that is garbage collected is destroyed (CuPy's ``__dealloc__``);
 - ``Stream.from_external`` validates the ``__cuda_stream__`` protocol (TypeError);
 - ``Event.done`` never raises: it is ``runtime.eventQuery(ptr) == 0``, and ``runtime.eventQuery``
-  returns the status (600 not ready, 700 a sticky error, 907 an event recorded in a capture);
+  returns the status (600 not ready, 700 a sticky error, 907 an event recorded in a capture, 900
+  any query while a capture runs in global mode, which also invalidates that capture);
 - ``Stream.is_capturing`` raises on an invalidated capture (RuntimeError) and for the legacy
   stream while another stream captures (CUDARuntimeError cudaErrorStreamCaptureImplicit);
-- an event query while a capture runs invalidates that capture (CUDA's global capture mode).
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ VERSION = version_code(2, 27, 3)
 
 # cudaError_t values the fakes return or raise (CUDA runtime API)
 CUDA_SUCCESS, NOT_READY, ILLEGAL_ADDRESS = 0, 600, 700
-CAPTURE_INVALIDATED, CAPTURE_IMPLICIT, CAPTURED_EVENT = 901, 906, 907
+CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED, CAPTURE_IMPLICIT, CAPTURED_EVENT = 900, 901, 906, 907
 CUDA_ERRORS = {
     NOT_READY: "cudaErrorNotReady: device not ready",
     ILLEGAL_ADDRESS: "cudaErrorIllegalAddress: an illegal memory access was encountered",
+    CAPTURE_UNSUPPORTED: "cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing",
     CAPTURE_INVALIDATED: "cudaErrorStreamCaptureInvalidated: operation failed due to a previous error during capture",
     CAPTURE_IMPLICIT: (
         "cudaErrorStreamCaptureImplicit: operation would make the legacy stream depend on a capturing blocking stream"
@@ -268,7 +269,7 @@ class FakeCuda:
                 return CAPTURED_EVENT
             if world.capturing and world.capture_mode == "global":
                 world.invalidated |= world.capturing  # an unsafe call during a global-mode capture
-                return CAPTURE_INVALIDATED
+                return CAPTURE_UNSUPPORTED
             if world.broken_query:
                 return ILLEGAL_ADDRESS
             return CUDA_SUCCESS if found.finished else NOT_READY

@@ -143,6 +143,33 @@ def test_no_event_query_while_a_capture_runs():
     other.close()
 
 
+@pytest.mark.parametrize("settle", [True, False])
+def test_the_gpu_capture_sequence_on_the_fakes(settle):
+    """tests/gpu/test_gpu_single.py::test_cupy_graph_capture_and_replay on the fakes: an eager
+    warm-up completes (stream.synchronize), then a capture begins. The watchdog retires the
+    warm-up only on its next poll, so the test must wait for that (settle) before capturing:
+    without the wait that poll queries an event during the capture and invalidates it."""
+    transport, comm, cuda, _ = make(timeout=None, interval=0.01)
+    cuda.auto_done = False
+    transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)  # the warm-up
+    cuda.recorded[-1].finished = True  # stream.synchronize() returned
+    if settle:
+        assert transport.wait_idle(5)
+    cuda.capturing.add(77)  # stream.begin_capture()
+    time.sleep(0.1)  # other work is captured first: no denseccl call has seen the capture yet
+    if settle:
+        transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S).wait(None)
+        assert cuda.invalidated == set() and transport._watchdog.in_flight == 0
+    else:  # the watchdog's poll broke the capture; the call says so, and nothing else breaks
+        with pytest.raises(LayoutError, match="invalidated"):
+            transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
+        assert cuda.invalidated == {77}
+    cuda.capturing.clear()  # stream.end_capture()
+    assert transport.wait_idle(5) and transport.failure() is None
+    transport.close()
+
+
 def test_premul_ops_of_a_capture_live_as_long_as_the_communicator():
     transport, comm, cuda, library = make()
     cuda.capturing.add(77)
