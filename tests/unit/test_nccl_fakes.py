@@ -380,12 +380,13 @@ class FakeLibrary:
         self.destroyed.append((op, comm))
 
 
-def make(*, timeout=None, size=2, version=VERSION, interval=0.01, current=0, capability="90"):
+def make(*, timeout=None, size=2, version=VERSION, interval=0.01, current=0, capability="90", grace=2.0):
     """A transport on the fakes: (transport, comm, cuda, library)."""
     comm, cuda, library = FakeComm(0, size), FakeCuda(current), FakeLibrary()
     cuda.capability = capability
     transport = nccl.NCCLTransport(
-        comm, 0, timeout=timeout, version=version, events=cuda.streams(), library=library, watchdog_interval=interval
+        comm, 0, timeout=timeout, version=version, events=cuda.streams(), library=library, watchdog_interval=interval,
+        abort_grace=grace,
     )
     return transport, comm, cuda, library
 

@@ -252,19 +252,42 @@ def _call_in_thread(transport, comm):
 
 
 def test_abort_waits_for_a_call_inside_nccl(caplog):
-    transport, comm, _, _ = make()
+    transport, comm, _, _ = make(grace=30)
     thread, gate, errors = _call_in_thread(transport, comm)
+    aborting = threading.Thread(target=transport.abort, args=("peer gone", True))
     with caplog.at_level("WARNING", logger="denseccl"):
-        transport.abort("peer gone", timed_out=True)
-    assert "peer gone; ncclCommAbort waits until the NCCL call" in caplog.text
-    assert not comm.aborted  # deferred: the call is still inside
-    with pytest.raises(CollectiveTimeoutError, match="peer gone"):
-        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)  # refused at once, never enters NCCL
-    started = time.monotonic()
-    assert transport.async_error() is None and time.monotonic() - started < 1
-    gate.set()
-    thread.join(5)
-    assert comm.aborted and not comm.freed_while_inside and errors == []
+        aborting.start()
+        assert wait_for(lambda: transport.failure() is not None)
+        with pytest.raises(CollectiveTimeoutError, match="peer gone"):
+            transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)  # refused at once, never enters NCCL
+        started = time.monotonic()
+        assert transport.async_error() is None and time.monotonic() - started < 5
+        assert wait_for(lambda: "ncclCommAbort waits (at most 30 s) until the NCCL call" in caplog.text)
+        assert not comm.aborted  # waiting: the call is still inside
+        gate.set()
+        thread.join(5)
+        aborting.join(5)
+    assert "peer gone; ncclCommAbort waits" in caplog.text
+    assert comm.aborted and not comm.freed_while_inside and errors == [] and not aborting.is_alive()
+
+
+def test_abort_releases_a_call_that_only_the_abort_can_release(caplog):
+    """NCCL connects peers during the first collective: a call stuck connecting to a dead peer
+    returns only once ncclCommAbort sets the abort flag. Waiting for it before aborting would
+    hang forever; past the grace the watchdog aborts under it, and the call says why."""
+    transport, comm, cuda, _ = make(timeout=0.2, grace=0.3)
+    cuda.auto_done = False
+    comm.released_by_abort = True
+    with caplog.at_level("WARNING", logger="denseccl"):
+        thread, _, errors = _call_in_thread(transport, comm)
+        assert wait_for(lambda: comm.aborted, 5)
+        thread.join(5)
+    assert not thread.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], CollectiveTimeoutError) and "did not complete within 0.2 s" in str(errors[0])
+    assert "did not return within 0.3 s" in caplog.text and comm.freed_while_inside
+    with pytest.raises(CollectiveTimeoutError):
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    transport.close()
 
 
 def test_watchdog_timeout_during_a_blocked_enqueue_is_an_error_not_a_free():
