@@ -41,7 +41,7 @@ from ..dtypes import DType
 from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from ..ops import Op, PreMulSum, ReduceOp, op_kind
 from ..streams import StreamRef, stream_pointer
-from .base import Pending, Transport
+from .base import Pending, Transport, abandon
 from .nccl_events import CudaStreams, NCCLPending, Watchdog
 from .nccl_library import NCCLLibrary
 from .nccl_tables import (
@@ -386,6 +386,20 @@ class NCCLTransport(Transport):
             part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library,
             abort_grace=self._abort_grace,
         )
+
+    def retire(self) -> None:
+        """Close while work may still run on the communicator (a Work in flight or abandoned):
+        stop watching and refuse new calls, but keep the communicator, its PreMulSum ops and
+        the barrier's scratch for the process's life. ncclCommDestroy under running kernels
+        frees what they use, and so would CuPy, which destroys a communicator when it is
+        garbage collected; the MPI transport keeps its communicators the same way."""
+        if self._closed:
+            return
+        self._watchdog.close()
+        with self._lock:
+            self._closed = True
+            self._deferred = None if self._deferred == "destroy" else self._deferred
+        abandon(self.comm, self._scratch)
 
     def close(self) -> None:
         """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left);

@@ -7,6 +7,7 @@ top of it all. What only a GPU can show (NCCL's arithmetic, real streams) is in 
 
 from __future__ import annotations
 
+import gc
 import time
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
 from denseccl.transports import nccl_events, nccl_tables
 from denseccl.transports.store import SoloControl
-from tests.unit.test_nccl_fakes import VERSION, S, make
+from tests.unit.test_nccl_fakes import COLLECTED, VERSION, S, make
 
 F32, C64, BOOL, I16, F16 = (DTYPES[n] for n in ("float32", "complex64", "bool", "int16", "float16"))
 
@@ -278,6 +279,38 @@ def test_sticky_cuda_error_breaks_synchronize_and_test():
     assert comm.aborted and also.test()
     with pytest.raises(CommunicatorBrokenError, match="illegal memory access"):
         also.wait(None)
+
+
+# -- retire: closing with work in flight --------------------------------------------------------
+
+
+def test_retire_keeps_the_communicator_while_work_may_run():
+    """Closing with a Work in flight retires the transport: nothing is destroyed under running
+    kernels, and the CuPy communicator stays referenced (CuPy destroys it when collected)."""
+    transport, comm, events, library = make(timeout=None)
+    comm.name = "retired"
+    events.auto_done = False
+    transport.allreduce(1, 1, 1, F32, PreMulSum(0.5), S)
+    transport.barrier()
+    transport.retire()
+    assert not comm.destroyed and not comm.aborted and library.destroyed == []
+    with pytest.raises(DenseCCLError, match="closed"):
+        transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
+    transport.close()  # already retired: nothing more
+    del transport, comm
+    gc.collect()
+    assert "retired" not in COLLECTED
+
+
+def test_communicator_closed_with_work_in_flight_retires_its_transport(device_comm):
+    device_comm.events.auto_done = False
+    device_comm.fake.name = "in flight at close"
+    work = device_comm.allreduce(HostCAI(np.zeros(3, np.float32)), async_op=True)
+    device_comm.close()
+    assert not device_comm.fake.destroyed and not work.is_completed()
+    del work
+    gc.collect()
+    assert "in flight at close" not in COLLECTED
 
 
 # -- split -------------------------------------------------------------------------------------
