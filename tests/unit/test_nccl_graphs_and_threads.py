@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -58,6 +59,26 @@ def test_one_rank_fp8_avg_and_unit_premul_run_as_sum(dtype):
     assert len(comm.calls) == 4 and transport.failure() is None
     transport.allreduce(100, 100, 8, dtype, ReduceOp.MAX, S)  # still usable
     assert comm.calls[-1][5] == 2
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_gpu_matrix_asks_the_library_which_ops_run(size, monkeypatch):
+    """tests/gpu/matrix.py on one rank tried PreMulSum(0.5) on fp8, which the library refuses
+    on purpose (48 failed calls): the matrix now asks the transport of the communicator."""
+    from tests.gpu import matrix
+
+    transport, _, _, _ = make(size=size, version=FP8_VERSION)
+    comm = Communicator(transport, SoloControl(), timeout=5.0) if size == 1 else None
+    comm = comm or SimpleNamespace(backend="nccl", transport=transport)
+    for dtype in matrix.FP8_DTYPES:
+        ops = matrix.ops_for(dtype, comm)
+        assert ("premul" in ops) == (size == 2) and {"sum", "avg", "max"} <= set(ops), ops
+    assert matrix.ops_for("float32", comm) == matrix.candidate_ops("float32", "nccl")
+    assert matrix.ops_for("int16", comm) == [] and "prod" not in matrix.ops_for("complex64", comm)
+    old, _, _, _ = make(size=1, version=FP8_VERSION, capability="80")  # fp8 reductions need sm90
+    assert matrix.ops_for("float8_e4m3fn", SimpleNamespace(backend="nccl", transport=old)) == []
+    transport.close()
+    old.close()
 
 
 def test_two_ranks_fp8_avg_stays_avg():
