@@ -8,7 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu.support import cupy_from_host, cupy_to_host, inner_timeout, require_gpu, run_program, torch_cuda
+from tests.gpu.support import (
+    cupy_from_host,
+    cupy_to_host,
+    fp8_reduction_problem,
+    inner_timeout,
+    require_gpu,
+    run_program,
+    torch_cuda,
+)
 
 cupy = require_gpu()
 
@@ -141,8 +149,9 @@ def test_one_rank_fp8_avg_and_premul(comm):
     torch = torch_cuda()
     if torch is None or not hasattr(torch, "float8_e4m3fn"):
         pytest.skip("needs CUDA torch with float8 dtypes")
-    if comm.transport.compute_capability < 90:
-        pytest.skip("NCCL reduces fp8 on sm90 and newer only")
+    problem = fp8_reduction_problem(comm.transport)
+    if problem:
+        pytest.skip(problem)
     device = f"cuda:{comm.transport.device}"
     for name in ("float8_e4m3fn", "float8_e5m2"):
         values = torch.tensor([[1.0, -2.0, 0.5], [4.0, 0.0, -0.25]], device=device).to(getattr(torch, name)).t()

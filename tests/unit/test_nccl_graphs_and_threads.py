@@ -19,7 +19,7 @@ from denseccl import arrays, streams
 from denseccl.communicator import Communicator
 from denseccl.dtypes import DTYPES
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from denseccl.ops import PreMulSum, ReduceOp
+from denseccl.ops import PreMulSum, ReduceOp, check_op_for_dtype
 from denseccl.streams import StreamRef
 from denseccl.transports.store import SoloControl
 from denseccl.transports import nccl
@@ -79,6 +79,30 @@ def test_gpu_matrix_asks_the_library_which_ops_run(size, monkeypatch):
     assert matrix.ops_for("float8_e4m3fn", SimpleNamespace(backend="nccl", transport=old)) == []
     transport.close()
     old.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "capability", "skip"),
+    [(FP8_VERSION, "90", None), ("2.23.4", "90", "NCCL 2.23.4 has no fp8 types"), (FP8_VERSION, "80", "sm90")],
+)
+def test_the_gpu_fp8_test_skips_where_the_library_refuses_fp8(version, capability, skip):
+    """test_one_rank_fp8_avg_and_premul skipped on a GPU below sm90 only; on NCCL < 2.24 (which a
+    torch CUDA 12 build can pin) the library refuses fp8 reductions too, so it must skip there."""
+    from denseccl.transports.nccl_tables import version_code
+    from tests.gpu.support import fp8_reduction_problem
+
+    code = version if isinstance(version, int) else version_code(*map(int, version.split(".")))
+    transport, _, _, _ = make(size=1, version=code, capability=capability)
+    problem = fp8_reduction_problem(transport)
+    if skip is None:
+        assert problem is None
+        transport.check_op(ReduceOp.AVG, E4M3)
+    else:
+        assert skip in problem
+        with pytest.raises(LayoutError):  # what the GPU test would have hit instead of skipping
+            check_op_for_dtype(ReduceOp.AVG, E4M3, transport.dtypes, "nccl")
+            transport.check_op(ReduceOp.AVG, E4M3)
+    transport.close()
 
 
 def test_two_ranks_fp8_avg_stays_avg():
