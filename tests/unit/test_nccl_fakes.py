@@ -31,9 +31,10 @@ import inspect
 import itertools
 import re
 import threading
+import time
 import warnings
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -142,6 +143,7 @@ class FakeComm:
         self.entered = threading.Event()
         self.freed_while_inside = False
         self.split_size: Optional[int] = None
+        self.abort_waits: Optional[Callable[[], None]] = None  # ncclCommAbort waits for the device
         self._inside = 0
         self._holding: Optional[threading.Event] = None
 
@@ -213,6 +215,8 @@ class FakeComm:
     def abort(self):
         if not self.comm:
             return
+        if self.abort_waits is not None:
+            self.abort_waits()
         self.aborted = True
         self._free()
         if self.released_by_abort and self._holding is not None:
@@ -256,6 +260,7 @@ class FakeCuda:
         self.capability = "90"
         self.queries = 0
         self.capture_mode = "global"  # cudaStreamCaptureModeGlobal, CuPy's and torch's default
+        self.blocked: Dict[int, Tuple[threading.Event, float]] = {}  # stream -> host function (gate, until)
         world = self
         ids = itertools.count(0x100)
         events: Dict[int, Any] = {}
@@ -272,6 +277,8 @@ class FakeCuda:
                 return CAPTURE_UNSUPPORTED
             if world.broken_query:
                 return ILLEGAL_ADDRESS
+            if found.stream in world.blocked and not world.released(found.stream):
+                return NOT_READY
             return CUDA_SUCCESS if found.finished else NOT_READY
 
         def stream_is_capturing(stream: int) -> bool:
@@ -357,6 +364,23 @@ class FakeCuda:
         self.module = SimpleNamespace(
             cuda=SimpleNamespace(Event=Event, Stream=Stream, Device=Device, alloc=alloc, runtime=runtime)
         )
+
+    def block(self, stream: int, seconds: float) -> threading.Event:
+        """A host function on ``stream`` (``launch_host_func``) that waits for the returned
+        gate at most ``seconds``: work recorded there completes only after it."""
+        gate = threading.Event()
+        self.blocked[int(getattr(stream, "ptr", stream))] = (gate, time.monotonic() + seconds)
+        return gate
+
+    def released(self, stream: int) -> bool:
+        gate, until = self.blocked[stream]
+        return gate.is_set() or time.monotonic() >= until
+
+    def wait_device(self) -> None:
+        """What freeing device memory does (ncclCommAbort, cudaFree): wait until every stream's
+        host functions have returned."""
+        for gate, until in list(self.blocked.values()):
+            gate.wait(max(until - time.monotonic(), 0.0))
 
     def streams(self, device: int = 0) -> CudaStreams:
         """The transport's real CUDA layer, on this fake CuPy."""

@@ -23,7 +23,7 @@ from denseccl.ops import PreMulSum, ReduceOp, check_op_for_dtype
 from denseccl.streams import StreamRef
 from denseccl.transports.store import SoloControl
 from denseccl.transports import nccl
-from tests.unit.test_nccl_fakes import FakeComm, FakeLibrary, NcclError, S, make
+from tests.unit.test_nccl_fakes import FakeComm, FakeCuda, FakeLibrary, NcclError, S, make
 from tests.unit.test_nccl_transport import HostCAI, wait_for
 
 F32, E4M3, E5M2 = DTYPES["float32"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]
@@ -391,6 +391,40 @@ def test_many_threads_and_an_abort():
     for thread in threads:
         thread.join(5)
     assert wait_for(lambda: comm.aborted) and not comm.freed_while_inside and transport._inside == 0
+
+
+@pytest.mark.parametrize("order", ["after_abort", "together"])
+def test_the_gpu_hang1_scenario_on_the_fakes(order, monkeypatch):
+    """tests/gpu/rank.py hang1 on the fakes, where ncclCommAbort waits for the whole device (it
+    frees device memory) as on a GPU: blocking both streams at the start (the old order) lets
+    the first abort release the second call, so its watchdog has nothing to catch."""
+    from tests.gpu import rank
+
+    monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
+    monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
+    monkeypatch.setattr(rank, "FAILURES", [])
+    cuda = FakeCuda(55)
+
+    def communicator(timeout):
+        comm = FakeComm(0, 1)
+        comm.abort_waits = cuda.wait_device
+        transport = nccl.NCCLTransport(
+            comm, 0, timeout=timeout, version=FP8_VERSION, events=cuda.streams(), library=FakeLibrary(),
+            watchdog_interval=0.01,
+        )
+        return Communicator(transport, SoloControl(), timeout=30)
+
+    first, second = communicator(2), communicator(1.5)
+    xs = [HostCAI(np.ones(4, np.float32)), HostCAI(np.ones(4, np.float32))]
+    blocks = [SimpleStream(66), SimpleStream(67)]
+    rank.hang_scenario(
+        first, second, xs, blocks, lambda index, seconds: cuda.block(blocks[index].ptr, seconds), gate=1.5,
+        order=order, verdict_within=4,
+    )
+    if order == "after_abort":
+        assert rank.FAILURES == [] and "did not complete within 1.5 s" in second.broken
+    else:
+        assert [failure for failure in rank.FAILURES if "watchdog verdict None" in failure], rank.FAILURES
 
 
 # -- 4. torch tensors used on a stream other than torch's current one -------------------------------
