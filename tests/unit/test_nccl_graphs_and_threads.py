@@ -175,7 +175,7 @@ def test_no_event_query_while_a_capture_runs():
     cuda.capturing.add(88)
     captured = transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, StreamRef(88, "cupy", 0))
     assert captured.captured
-    time.sleep(0.05)  # a poll that had begun before the call ends
+    assert _queries_stop(cuda)  # a poll that had begun before the call has ended
     cuda.capture_mode = "global"
     time.sleep(0.3)
     assert cuda.invalidated == set()
@@ -186,6 +186,17 @@ def test_no_event_query_while_a_capture_runs():
     assert cuda.invalidated == set() and transport.failure() is None and other.failure() is None
     transport.close()
     other.close()
+
+
+def _queries_stop(cuda, within=5.0):
+    """Whether the event queries stop (none during 0.1 s) within ``within`` seconds."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        before = cuda.queries
+        time.sleep(0.1)
+        if cuda.queries == before:
+            return True
+    return False
 
 
 @pytest.mark.parametrize("settle", [True, False])
@@ -200,13 +211,14 @@ def test_the_gpu_capture_sequence_on_the_fakes(settle):
     cuda.recorded[-1].finished = True  # stream.synchronize() returned
     if settle:
         assert transport.wait_idle(5)
-    cuda.capturing.add(77)  # stream.begin_capture()
-    time.sleep(0.1)  # other work is captured first: no denseccl call has seen the capture yet
+    cuda.capturing.add(77)  # stream.begin_capture(); other work is captured before the first denseccl call
     if settle:
+        time.sleep(0.1)
         transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
         transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S).wait(None)
         assert cuda.invalidated == set() and transport._watchdog.in_flight == 0
-    else:  # the watchdog's poll broke the capture; the call says so, and nothing else breaks
+    else:  # the watchdog's poll breaks the capture; the call says so, and nothing else breaks
+        assert wait_for(lambda: cuda.invalidated == {77})
         with pytest.raises(LayoutError, match="invalidated"):
             transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
         assert cuda.invalidated == {77}
@@ -351,7 +363,8 @@ def test_async_error_is_polled_while_a_call_is_inside():
     thread, gate, _ = _call_in_thread(transport, comm)
     comm.async_error = "NCCL_ERROR_REMOTE_ERROR"
     started = time.monotonic()
-    assert "REMOTE_ERROR" in transport.async_error() and time.monotonic() - started < 1
+    # a poll that waited for the call would return only with the fake's gate (10 s)
+    assert "REMOTE_ERROR" in transport.async_error() and time.monotonic() - started < 5
     gate.set()
     thread.join(5)
     transport.close()
@@ -419,7 +432,7 @@ def test_the_gpu_hang1_scenario_on_the_fakes(order, monkeypatch):
     blocks = [SimpleStream(66), SimpleStream(67)]
     rank.hang_scenario(
         first, second, xs, blocks, lambda index, seconds: cuda.block(blocks[index].ptr, seconds), gate=1.5,
-        order=order, verdict_within=4,
+        order=order, verdict_within=10, host_bound=5,
     )
     if order == "after_abort":
         assert rank.FAILURES == [] and "did not complete within 1.5 s" in second.broken

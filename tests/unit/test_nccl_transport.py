@@ -160,8 +160,8 @@ def test_wait_never_blocks_the_host():
     events.auto_done = False
     pending = transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, S)
     started = time.monotonic()
-    pending.wait(time.monotonic() + 0.01)
-    assert time.monotonic() - started < 0.5
+    pending.wait(time.monotonic() + 0.01)  # a blocking wait would raise CollectiveTimeoutError here
+    assert time.monotonic() - started < 5  # (a bound for a hang only: the machine may be loaded)
     assert not pending.test()
     events.recorded[-1].finished = True
     assert pending.test()
