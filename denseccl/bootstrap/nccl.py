@@ -226,7 +226,7 @@ def init_nccl(
 ) -> Communicator:
     """A Communicator over NCCL (see the module docstring for launches and devices)."""
     cupy, nccl = _require_nccl()
-    from ..transports.nccl import NCCLTransport  # noqa: PLC0415
+    from ..backends.nccl.transport import NCCLTransport  # noqa: PLC0415
     from ..transports.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
 
     deadline = deadline_after(timeout)

@@ -22,7 +22,7 @@ from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, Den
 from denseccl.ops import PreMulSum, ReduceOp, check_op_for_dtype
 from denseccl.streams import StreamRef
 from denseccl.transports.store import SoloControl
-from denseccl.transports import nccl
+from denseccl.backends.nccl import transport as nccl
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda, FakeLibrary, NcclError, S, make
 from tests.unit.test_nccl_transport import HostCAI, wait_for
 
@@ -88,7 +88,7 @@ def test_gpu_matrix_asks_the_library_which_ops_run(size, monkeypatch):
 def test_the_gpu_fp8_test_skips_where_the_library_refuses_fp8(version, capability, skip):
     """test_one_rank_fp8_avg_and_premul skipped on a GPU below sm90 only; on NCCL < 2.24 (which a
     torch CUDA 12 build can pin) the library refuses fp8 reductions too, so it must skip there."""
-    from denseccl.transports.nccl_tables import version_code
+    from denseccl.backends.nccl.library import version_code
     from tests.gpu.support import fp8_reduction_problem
 
     code = version if isinstance(version, int) else version_code(*map(int, version.split(".")))

@@ -21,7 +21,8 @@ from denseccl.dtypes import DTYPES
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
-from denseccl.transports import nccl_events, nccl_tables
+from denseccl.backends.nccl import cuda as nccl_events
+from denseccl.backends.nccl import library as nccl_tables
 from denseccl.transports.store import SoloControl
 from tests.unit.test_nccl_fakes import COLLECTED, VERSION, S, make
 

@@ -23,10 +23,10 @@ the default), and a call stuck connecting to a dead peer returns only once ``ncc
 sets the communicator's abort flag, so past the grace the abort runs under it, as torch's
 watchdog aborts under a stuck collective.
 
-The pieces live beside it, each testable on the CPU: the version gates, dtype and op tables and
-PreMulSum scalars in :mod:`.nccl_tables`; the ctypes binding of libnccl in :mod:`.nccl_library`;
-CUDA events through CuPy, the pending call and the watchdog in :mod:`.nccl_events`. The CuPy
-module and the NCCL communicator are passed in, so tests can replace them with fakes.
+The pieces live beside it, each testable on the CPU: the version gates, dtype and op tables,
+PreMulSum scalars and the ctypes binding of libnccl in :mod:`.library`; CUDA events through
+CuPy, the pending call and the watchdog in :mod:`.cuda`. The CuPy module and the NCCL
+communicator are passed in, so tests can replace them with fakes.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ import contextlib
 import threading
 from typing import Any, Callable, Optional, Set, Tuple
 
-from .. import log
-from ..dtypes import DType
-from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from ..ops import Op, PreMulSum, ReduceOp, op_kind
-from ..streams import StreamRef, stream_pointer
-from .base import Pending, Transport, abandon
-from .nccl_events import CudaStreams, NCCLPending, Watchdog
-from .nccl_library import NCCLLibrary
-from .nccl_tables import (
+from ... import log
+from ...dtypes import DType
+from ...errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from ...ops import Op, PreMulSum, ReduceOp, op_kind
+from ...streams import StreamRef, stream_pointer
+from ...transports.base import Pending, Transport, abandon
+from .cuda import CudaStreams, NCCLPending, Watchdog
+from .library import (
+    NCCLLibrary,
     CARRIED_AS,
     FP8_REDUCTION_CAPABILITY,
     FP8_SINCE,

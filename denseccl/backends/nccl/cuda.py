@@ -35,12 +35,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
 
-from ..errors import CollectiveTimeoutError, LayoutError
-from ..streams import StreamRef, current_stream_pointer
-from .base import Pending, deadline_after, wait_until
+from ...errors import CollectiveTimeoutError, LayoutError
+from ...streams import StreamRef, current_stream_pointer
+from ...transports.base import Pending, deadline_after, wait_until
 
 if TYPE_CHECKING:
-    from .nccl import NCCLTransport
+    from .transport import NCCLTransport
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
 CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
