@@ -19,6 +19,7 @@ store (:class:`~denseccl.backends.store.StoreControl`), never as a device sync.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from typing import Any, Optional, Tuple
@@ -69,16 +70,38 @@ def nccl_missing() -> Optional[str]:
         except Exception:  # noqa: BLE001
             has_nccl = False
     if not has_nccl:
-        problems.append(
-            "CuPy cannot load the NCCL library libnccl.so.2 (cupy.cuda.nccl.available is False): install it with "
-            "pip install nvidia-nccl-cu12 (or nvidia-nccl-cu13 for CUDA 13), which denseccl[cuda12] includes"
-        )
+        problems.append(_nccl_load_problem())
     if not problems:
         return None
     return (
         "the nccl backend cannot run here: "
         + "; and ".join(problems)
         + f". Install the GPU stack with {INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
+    )
+
+
+def _nccl_load_problem() -> str:
+    """Why CuPy's NCCL extension (``cupy_backends.cuda.libs.nccl``) does not load, as advice:
+    no libnccl at all, or one too old for the symbols this CuPy was built against."""
+    try:
+        importlib.import_module("cupy_backends.cuda.libs.nccl")
+        error = None
+    except Exception as failure:  # noqa: BLE001 - ImportError or OSError from the dynamic linker
+        error = f"{type(failure).__name__}: {failure}"
+    if error is not None and "undefined symbol" in error:
+        return (
+            f"CuPy's NCCL extension cannot use the libnccl it loaded ({error}): that NCCL is older than this CuPy "
+            "needs. Install a newer one (pip install -U nvidia-nccl-cu12, or nvidia-nccl-cu13 for CUDA 13), or put "
+            "a newer libnccl.so.2 ahead of the old one (LD_LIBRARY_PATH, a system NCCL or a torch wheel's can shadow "
+            "the one denseccl[cuda12] installs)"
+        )
+    if error is not None and "libnccl" not in error:
+        return f"CuPy's NCCL extension failed to load ({error}); reinstall CuPy and NCCL with {INSTALL_HINT}"
+    return (
+        "CuPy cannot load the NCCL library libnccl.so.2 (cupy.cuda.nccl.available is False"
+        + (f": {error}" if error else "")
+        + "): install it with pip install nvidia-nccl-cu12 (or nvidia-nccl-cu13 for CUDA 13), which "
+        "denseccl[cuda12] includes"
     )
 
 
@@ -203,7 +226,7 @@ def init_nccl(
 ) -> Communicator:
     """A Communicator over NCCL (see the module docstring for launches and devices)."""
     cupy, nccl = _require_nccl()
-    from ..transports.nccl import NCCLTransport  # noqa: PLC0415
+    from ..backends.nccl.transport import NCCLTransport  # noqa: PLC0415
     from ..backends.store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
 
     deadline = deadline_after(timeout)

@@ -189,7 +189,8 @@ def reference(inputs: List[np.ndarray], op: str, factor: Optional[float] = None)
     raise ValueError(op)
 
 
-def ops_for(dtype: str, backend: str) -> List[str]:
+def candidate_ops(dtype: str, backend: str) -> List[str]:
+    """The ops the matrix tries on ``dtype``, before the library is asked (:func:`ops_for`)."""
     if dtype == "bool":
         return ["sum", "prod", "min", "max"]
     if dtype.startswith("complex"):
@@ -197,6 +198,26 @@ def ops_for(dtype: str, backend: str) -> List[str]:
     if dtype in ("int16", "uint16") and backend == "nccl":
         return []  # NCCL moves them (broadcast, allgather) but cannot reduce them
     return ["sum", "prod", "min", "max", "avg", "premul"]
+
+
+def ops_for(dtype: str, comm: Any) -> List[str]:
+    """The candidate ops that ``comm``'s library accepts on ``dtype``, asked of denseccl itself
+    (the common tables, then the transport's own check: its size, NCCL version and GPU). E.g.
+    NCCL refuses PreMulSum(0.5) on fp8 with one rank on purpose, so the matrix does not try it."""
+    from denseccl.dtypes import DTYPES
+    from denseccl.errors import LayoutError
+    from denseccl.ops import as_op, check_op_for_dtype
+
+    accepted = []
+    for op in candidate_ops(dtype, comm.backend):
+        reduce_op = as_op(op_arg(op, dtype))
+        try:
+            check_op_for_dtype(reduce_op, DTYPES[dtype], comm.transport.dtypes, comm.backend)
+            comm.transport.check_op(reduce_op, DTYPES[dtype])
+        except LayoutError:
+            continue
+        accepted.append(op)
+    return accepted
 
 
 def factor_for(dtype: str) -> float:
@@ -257,7 +278,7 @@ def run_case(comm: Any, lib: Any, dtype: str, layout: str, report: Report, seed:
         except Exception as error:  # noqa: BLE001 - report every failing case, keep going
             report.check(False, f"{label} {what}: {type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}")
 
-    ops = ops_for(dtype, comm.backend)
+    ops = ops_for(dtype, comm)
     for index, op in enumerate(ops):
 
         def allreduce(op: str = op, tag: int = index) -> None:

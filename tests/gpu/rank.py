@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -88,14 +89,14 @@ def probe(comm) -> None:
     check(np.all(cupy_to_host(x) == comm.size), f"probe: {cupy_to_host(x)}")
     from cupy.cuda import nccl
 
-    from denseccl.transports.nccl_tables import version_string
+    from denseccl.backends.nccl.library import version_string
 
     emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device,
          nccl=version_string(nccl.get_version()), hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
 
 
 def run_matrix(comm) -> None:
-    from denseccl.transports.nccl_tables import FP8_SINCE
+    from denseccl.backends.nccl.library import FP8_SINCE
 
     started = time.monotonic()
     report = matrix.run_matrix(comm, matrix.device_libs(comm, fp8=comm.transport.version >= FP8_SINCE))
@@ -269,39 +270,58 @@ def faults(comm) -> None:
         comm.control.allgather_bytes(b"", None)
 
 
-HANG_GATE = 5.0  # seconds a host function blocks each stream (ncclCommAbort may wait for it)
+HANG_GATE = 5.0  # seconds a host function blocks a stream (ncclCommAbort waits for it)
 
 
-def hang1(comm) -> None:
-    """One rank: a stream blocked by a host function stands in for a peer that never comes."""
-    import cupy
-
-    gates = [threading.Event(), threading.Event()]
-    xs = [ones(), ones()]
-    first = init(timeout=2)
-    second = init(timeout=1.5)
-    streams = [cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)]
-    for gate, stream in zip(gates, streams):
-        stream.launch_host_func(lambda gate: gate.wait(HANG_GATE), gate)
+def hang_scenario(
+    first: Any, second: Any, xs: Sequence[Any], streams: Sequence[Any], block: Callable[[int, float], Any],
+    gate: float = HANG_GATE, order: str = "after_abort", verdict_within: float = 20, host_bound: float = 1.0,
+) -> None:
+    """Two one-rank communicators whose streams are blocked by a host function (``block(i,
+    seconds)`` blocks ``streams[i]`` and returns a threading.Event that unblocks it), standing in
+    for a peer that never comes: ``first`` times out in Work.synchronize, ``second`` by its
+    watchdog. ncclCommAbort frees device memory, which waits for the whole device, so the first
+    abort returns only once every stream then blocked is released: the second stream is
+    therefore blocked only after the first abort has returned (``order="together"``, both at
+    the start, is the order that failed: the first abort released the second call too)."""
+    gates = [block(0, gate)]
+    if order == "together":
+        gates.append(block(1, gate))
     try:
         started = time.monotonic()
         work = first.allreduce(xs[0], async_op=True, stream=streams[0])
-        work.wait()  # makes the null stream wait: must not block the host
-        check(time.monotonic() - started < 1, "hang1: Work.wait blocked the host")
-        check(not work.is_completed(), "hang1: completed behind a blocked stream")
+        check(not work.is_completed(), "hang1: completed behind a blocked stream")  # (wait() marks it done)
+        work.wait()  # makes the current stream wait: must not block the host
+        check(time.monotonic() - started < host_bound, "hang1: Work.wait blocked the host")
         try:
             work.synchronize(timeout=1.0)
             check(False, "hang1: no CollectiveTimeoutError")
         except CollectiveTimeoutError as error:
             check("aborted" in str(error), f"hang1: {error}")
         check(first.broken is not None, "hang1: not broken")
+        if order != "together":
+            gates.append(block(1, 4 * gate))  # longer than any abort of this scenario takes
         started = time.monotonic()
         second.allreduce(xs[1], stream=streams[1])
-        check(time.monotonic() - started < 1, "hang1: a synchronous call blocked the host")
-        watchdog_verdict(second, started, 20, 0.05, "hang1")
+        check(time.monotonic() - started < host_bound, "hang1: a synchronous call blocked the host")
+        watchdog_verdict(second, started, verdict_within, 0.05, "hang1")
     finally:
-        for gate in gates:
-            gate.set()
+        for opened in gates:
+            opened.set()
+
+
+def hang1(comm) -> None:
+    """One rank: a stream blocked by a host function stands in for a peer that never comes."""
+    import cupy
+
+    streams = [cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)]
+
+    def block(index: int, seconds: float) -> threading.Event:
+        gate = threading.Event()
+        streams[index].launch_host_func(lambda gate: gate.wait(seconds), gate)
+        return gate
+
+    hang_scenario(init(timeout=2), init(timeout=1.5), [ones(), ones()], streams, block)
     emit("hang1", ok=not FAILURES)
 
 

@@ -63,6 +63,18 @@ def torch_cuda() -> Any:
 # -- host <-> device with exact layouts ---------------------------------------------------------
 
 
+def fp8_reduction_problem(transport: Any) -> Optional[str]:
+    """Why ``transport`` (an NCCLTransport) cannot reduce fp8, or None: NCCL has fp8 types from
+    2.24 on (a torch CUDA 12 build can pin an older NCCL) and reduces them on sm90 and newer."""
+    from denseccl.backends.nccl.library import FP8_REDUCTION_CAPABILITY, FP8_SINCE, version_string
+
+    if transport.version < FP8_SINCE:
+        return f"NCCL {version_string(transport.version)} has no fp8 types (NCCL >= {version_string(FP8_SINCE)})"
+    if transport.compute_capability < FP8_REDUCTION_CAPABILITY:
+        return "NCCL reduces fp8 on sm90 and newer only"
+    return None
+
+
 def host_strided(shape: Sequence[int], strides: Sequence[int], dtype: Any) -> np.ndarray:
     """A NumPy array with exactly these element strides over ``numel`` elements."""
     shape, strides = tuple(shape), tuple(strides)

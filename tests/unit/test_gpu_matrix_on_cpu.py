@@ -51,4 +51,4 @@ def test_reference():
     flags = [np.array([True, False]), np.array([True, True])]
     assert matrix.reference(flags, "sum").tolist() == [True, True]
     assert matrix.reference(flags, "prod").tolist() == [True, False]
-    assert matrix.ops_for("int16", "nccl") == [] and "prod" not in matrix.ops_for("complex64", "nccl")
+    assert matrix.candidate_ops("int16", "nccl") == [] and "prod" not in matrix.candidate_ops("complex64", "nccl")

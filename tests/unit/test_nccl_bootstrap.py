@@ -145,6 +145,38 @@ def test_gpu_without_nccl(monkeypatch):
     assert "no CUDA GPU" not in message and "libnccl.so.2" in message
 
 
+class _RefusedImport:
+    """A meta path finder that makes importing ``name`` fail with ``error`` (what the dynamic
+    linker says when CuPy's NCCL extension cannot load)."""
+
+    def __init__(self, name, error):
+        self.name, self.error = name, error
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name:
+            raise self.error
+        return None
+
+
+@pytest.mark.parametrize(
+    ("error", "says", "not_said"),
+    [
+        (
+            ImportError("/x/nccl.cpython-311-x86_64-linux-gnu.so: undefined symbol: ncclCommShrink"),
+            ["older than this CuPy needs", "undefined symbol: ncclCommShrink", "LD_LIBRARY_PATH"],
+            "cannot load the NCCL library",
+        ),
+        (ImportError("libnccl.so.2: cannot open shared object file"), ["pip install nvidia-nccl-cu12"], "older"),
+    ],
+)
+def test_nccl_extension_that_cannot_load_says_why(monkeypatch, error, says, not_said):
+    _fake_cupy(monkeypatch, gpu=True, nccl_available=False)
+    monkeypatch.delitem(sys.modules, "cupy_backends.cuda.libs.nccl", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_RefusedImport("cupy_backends.cuda.libs.nccl", error), *sys.meta_path])
+    message = nccl_bootstrap.nccl_missing()
+    assert all(part in message for part in says) and not_said not in message, message
+
+
 def test_everything_present(monkeypatch):
     _fake_cupy(monkeypatch, gpu=True, nccl_available=True)
     assert nccl_bootstrap.nccl_missing() is None and nccl_bootstrap.nccl_usable()

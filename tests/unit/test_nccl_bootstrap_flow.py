@@ -16,9 +16,9 @@ import denseccl
 from denseccl.bootstrap import nccl as nccl_bootstrap
 from denseccl.backends import rendezvous
 from denseccl.errors import MismatchError
-from denseccl.transports import nccl as nccl_transport
+from denseccl.backends.nccl import transport as nccl_transport
 from denseccl.backends.mpi.transport import MPIControl
-from denseccl.transports.nccl_tables import version_code
+from denseccl.backends.nccl.library import version_code
 from denseccl.backends.store import SoloControl, StoreControl
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI

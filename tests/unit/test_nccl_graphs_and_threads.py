@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,10 +19,11 @@ from denseccl import arrays, streams
 from denseccl.communicator import Communicator
 from denseccl.dtypes import DTYPES
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from denseccl.ops import PreMulSum, ReduceOp
+from denseccl.ops import PreMulSum, ReduceOp, check_op_for_dtype
 from denseccl.streams import StreamRef
 from denseccl.backends.store import SoloControl
-from tests.unit.test_nccl_fakes import NcclError, S, make
+from denseccl.backends.nccl import transport as nccl
+from tests.unit.test_nccl_fakes import FakeComm, FakeCuda, FakeLibrary, NcclError, S, make
 from tests.unit.test_nccl_transport import HostCAI, wait_for
 
 F32, E4M3, E5M2 = DTYPES["float32"], DTYPES["float8_e4m3fn"], DTYPES["float8_e5m2"]
@@ -57,6 +59,50 @@ def test_one_rank_fp8_avg_and_unit_premul_run_as_sum(dtype):
     assert len(comm.calls) == 4 and transport.failure() is None
     transport.allreduce(100, 100, 8, dtype, ReduceOp.MAX, S)  # still usable
     assert comm.calls[-1][5] == 2
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_gpu_matrix_asks_the_library_which_ops_run(size, monkeypatch):
+    """tests/gpu/matrix.py on one rank tried PreMulSum(0.5) on fp8, which the library refuses
+    on purpose (48 failed calls): the matrix now asks the transport of the communicator."""
+    from tests.gpu import matrix
+
+    transport, _, _, _ = make(size=size, version=FP8_VERSION)
+    comm = Communicator(transport, SoloControl(), timeout=5.0) if size == 1 else None
+    comm = comm or SimpleNamespace(backend="nccl", transport=transport)
+    for dtype in matrix.FP8_DTYPES:
+        ops = matrix.ops_for(dtype, comm)
+        assert ("premul" in ops) == (size == 2) and {"sum", "avg", "max"} <= set(ops), ops
+    assert matrix.ops_for("float32", comm) == matrix.candidate_ops("float32", "nccl")
+    assert matrix.ops_for("int16", comm) == [] and "prod" not in matrix.ops_for("complex64", comm)
+    old, _, _, _ = make(size=1, version=FP8_VERSION, capability="80")  # fp8 reductions need sm90
+    assert matrix.ops_for("float8_e4m3fn", SimpleNamespace(backend="nccl", transport=old)) == []
+    transport.close()
+    old.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "capability", "skip"),
+    [(FP8_VERSION, "90", None), ("2.23.4", "90", "NCCL 2.23.4 has no fp8 types"), (FP8_VERSION, "80", "sm90")],
+)
+def test_the_gpu_fp8_test_skips_where_the_library_refuses_fp8(version, capability, skip):
+    """test_one_rank_fp8_avg_and_premul skipped on a GPU below sm90 only; on NCCL < 2.24 (which a
+    torch CUDA 12 build can pin) the library refuses fp8 reductions too, so it must skip there."""
+    from denseccl.backends.nccl.library import version_code
+    from tests.gpu.support import fp8_reduction_problem
+
+    code = version if isinstance(version, int) else version_code(*map(int, version.split(".")))
+    transport, _, _, _ = make(size=1, version=code, capability=capability)
+    problem = fp8_reduction_problem(transport)
+    if skip is None:
+        assert problem is None
+        transport.check_op(ReduceOp.AVG, E4M3)
+    else:
+        assert skip in problem
+        with pytest.raises(LayoutError):  # what the GPU test would have hit instead of skipping
+            check_op_for_dtype(ReduceOp.AVG, E4M3, transport.dtypes, "nccl")
+            transport.check_op(ReduceOp.AVG, E4M3)
+    transport.close()
 
 
 def test_two_ranks_fp8_avg_stays_avg():
@@ -113,6 +159,74 @@ def test_captured_call_has_no_watchdog_entry_and_no_event_query():
     transport.close()
 
 
+def test_no_event_query_while_a_capture_runs():
+    """CUDA's global capture mode: an event query from any thread invalidates a capture in
+    progress (the fake does that too). Once a call has seen a capture on the device, the
+    watchdogs of every communicator there stop querying until it ends, then resume."""
+    transport, comm, cuda, _ = make(timeout=None, interval=0.01)
+    other = nccl.NCCLTransport(  # a second communicator on the same device and CUDA
+        FakeComm(0, 2), 0, version=FP8_VERSION, events=cuda.streams(), library=FakeLibrary(), watchdog_interval=0.01
+    )
+    cuda.auto_done = False
+    eager = [transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S), other.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)]
+    assert wait_for(lambda: cuda.queries > 4)  # both watchdogs poll the eager calls
+    assert transport.wait_idle(0.05) is False  # still in flight: not the moment to begin a capture
+    cuda.capture_mode = "relaxed"  # until the call below has seen the capture (then it is global)
+    cuda.capturing.add(88)
+    captured = transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, StreamRef(88, "cupy", 0))
+    assert captured.captured
+    assert _queries_stop(cuda)  # a poll that had begun before the call has ended
+    cuda.capture_mode = "global"
+    time.sleep(0.3)
+    assert cuda.invalidated == set()
+    cuda.capturing.clear()  # end_capture
+    for pending in eager:
+        pending._event.finished = True
+    assert transport.wait_idle(5) and other.wait_idle(5)
+    assert cuda.invalidated == set() and transport.failure() is None and other.failure() is None
+    transport.close()
+    other.close()
+
+
+def _queries_stop(cuda, within=5.0):
+    """Whether the event queries stop (none during 0.1 s) within ``within`` seconds."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        before = cuda.queries
+        time.sleep(0.1)
+        if cuda.queries == before:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_the_gpu_capture_sequence_on_the_fakes(settle):
+    """tests/gpu/test_gpu_single.py::test_cupy_graph_capture_and_replay on the fakes: an eager
+    warm-up completes (stream.synchronize), then a capture begins. The watchdog retires the
+    warm-up only on its next poll, so the test must wait for that (settle) before capturing:
+    without the wait that poll queries an event during the capture and invalidates it."""
+    transport, comm, cuda, _ = make(timeout=None, interval=0.01)
+    cuda.auto_done = False
+    transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)  # the warm-up
+    cuda.recorded[-1].finished = True  # stream.synchronize() returned
+    if settle:
+        assert transport.wait_idle(5)
+    cuda.capturing.add(77)  # stream.begin_capture(); other work is captured before the first denseccl call
+    if settle:
+        time.sleep(0.1)
+        transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S).wait(None)
+        assert cuda.invalidated == set() and transport._watchdog.in_flight == 0
+    else:  # the watchdog's poll breaks the capture; the call says so, and nothing else breaks
+        assert wait_for(lambda: cuda.invalidated == {77})
+        with pytest.raises(LayoutError, match="invalidated"):
+            transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
+        assert cuda.invalidated == {77}
+    cuda.capturing.clear()  # stream.end_capture()
+    assert transport.wait_idle(5) and transport.failure() is None
+    transport.close()
+
+
 def test_premul_ops_of_a_capture_live_as_long_as_the_communicator():
     transport, comm, cuda, library = make()
     cuda.capturing.add(77)
@@ -136,6 +250,31 @@ def test_barrier_during_capture_is_refused_and_harmless():
     assert comm.calls == [] and transport.failure() is None and transport._inside == 0
     cuda.capturing.clear()
     transport.barrier().wait(time.monotonic() + 1)
+
+
+def test_an_invalidated_capture_is_a_clear_error_not_a_broken_communicator(solo):
+    """CuPy's Stream.is_capturing raises for an invalidated capture and, on the legacy stream,
+    while another stream captures: refused before the call, with what to do; still usable."""
+    x = HostCAI(np.ones(4, np.float32))
+    solo.cuda.capturing.add(55)
+    solo.cuda.invalidated.add(55)
+    with pytest.raises(LayoutError, match="capture of stream 0x37 into a CUDA graph was invalidated.*end_capture"):
+        solo.allreduce(x)
+    solo.cuda.invalidated.clear()
+    solo.cuda.capturing = {77}
+    with pytest.raises(LayoutError, match="legacy default stream.*cudaErrorStreamCaptureImplicit.*non-default stream"):
+        solo.allreduce(x, stream=0)
+    assert solo.broken is None and solo.fake.calls == [] and solo.transport._inside == 0
+    solo.cuda.capturing.clear()
+    assert solo.allreduce(x) is x and solo.fake.calls[-1][0] == "allReduce"
+
+
+def test_other_cuda_errors_of_is_capturing_are_not_renamed():
+    transport, _, cuda, _ = make()
+    cuda.module.cuda.runtime.streamIsCapturing = lambda stream: (_ for _ in ()).throw(RuntimeError("cudaErrorX"))
+    with pytest.raises(RuntimeError, match="cudaErrorX"):
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    transport.close()
 
 
 def test_communicator_under_capture(solo):
@@ -170,19 +309,42 @@ def _call_in_thread(transport, comm):
 
 
 def test_abort_waits_for_a_call_inside_nccl(caplog):
-    transport, comm, _, _ = make()
+    transport, comm, _, _ = make(grace=30)
     thread, gate, errors = _call_in_thread(transport, comm)
+    aborting = threading.Thread(target=transport.abort, args=("peer gone", True))
     with caplog.at_level("WARNING", logger="denseccl"):
-        transport.abort("peer gone", timed_out=True)
-    assert "peer gone; ncclCommAbort waits until the NCCL call" in caplog.text
-    assert not comm.aborted  # deferred: the call is still inside
-    with pytest.raises(CollectiveTimeoutError, match="peer gone"):
-        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)  # refused at once, never enters NCCL
-    started = time.monotonic()
-    assert transport.async_error() is None and time.monotonic() - started < 1
-    gate.set()
-    thread.join(5)
-    assert comm.aborted and not comm.freed_while_inside and errors == []
+        aborting.start()
+        assert wait_for(lambda: transport.failure() is not None)
+        with pytest.raises(CollectiveTimeoutError, match="peer gone"):
+            transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)  # refused at once, never enters NCCL
+        started = time.monotonic()
+        assert transport.async_error() is None and time.monotonic() - started < 5
+        assert wait_for(lambda: "ncclCommAbort waits (at most 30 s) until the NCCL call" in caplog.text)
+        assert not comm.aborted  # waiting: the call is still inside
+        gate.set()
+        thread.join(5)
+        aborting.join(5)
+    assert "peer gone; ncclCommAbort waits" in caplog.text
+    assert comm.aborted and not comm.freed_while_inside and errors == [] and not aborting.is_alive()
+
+
+def test_abort_releases_a_call_that_only_the_abort_can_release(caplog):
+    """NCCL connects peers during the first collective: a call stuck connecting to a dead peer
+    returns only once ncclCommAbort sets the abort flag. Waiting for it before aborting would
+    hang forever; past the grace the watchdog aborts under it, and the call says why."""
+    transport, comm, cuda, _ = make(timeout=0.2, grace=0.3)
+    cuda.auto_done = False
+    comm.released_by_abort = True
+    with caplog.at_level("WARNING", logger="denseccl"):
+        thread, _, errors = _call_in_thread(transport, comm)
+        assert wait_for(lambda: comm.aborted, 5)
+        thread.join(5)
+    assert not thread.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], CollectiveTimeoutError) and "did not complete within 0.2 s" in str(errors[0])
+    assert "did not return within 0.3 s" in caplog.text and comm.freed_while_inside
+    with pytest.raises(CollectiveTimeoutError):
+        transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    transport.close()
 
 
 def test_watchdog_timeout_during_a_blocked_enqueue_is_an_error_not_a_free():
@@ -201,7 +363,8 @@ def test_async_error_is_polled_while_a_call_is_inside():
     thread, gate, _ = _call_in_thread(transport, comm)
     comm.async_error = "NCCL_ERROR_REMOTE_ERROR"
     started = time.monotonic()
-    assert "REMOTE_ERROR" in transport.async_error() and time.monotonic() - started < 1
+    # a poll that waited for the call would return only with the fake's gate (10 s)
+    assert "REMOTE_ERROR" in transport.async_error() and time.monotonic() - started < 5
     gate.set()
     thread.join(5)
     transport.close()
@@ -241,6 +404,40 @@ def test_many_threads_and_an_abort():
     for thread in threads:
         thread.join(5)
     assert wait_for(lambda: comm.aborted) and not comm.freed_while_inside and transport._inside == 0
+
+
+@pytest.mark.parametrize("order", ["after_abort", "together"])
+def test_the_gpu_hang1_scenario_on_the_fakes(order, monkeypatch):
+    """tests/gpu/rank.py hang1 on the fakes, where ncclCommAbort waits for the whole device (it
+    frees device memory) as on a GPU: blocking both streams at the start (the old order) lets
+    the first abort release the second call, so its watchdog has nothing to catch."""
+    from tests.gpu import rank
+
+    monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
+    monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
+    monkeypatch.setattr(rank, "FAILURES", [])
+    cuda = FakeCuda(55)
+
+    def communicator(timeout):
+        comm = FakeComm(0, 1)
+        comm.abort_waits = cuda.wait_device
+        transport = nccl.NCCLTransport(
+            comm, 0, timeout=timeout, version=FP8_VERSION, events=cuda.streams(), library=FakeLibrary(),
+            watchdog_interval=0.01,
+        )
+        return Communicator(transport, SoloControl(), timeout=30)
+
+    first, second = communicator(2), communicator(1.5)
+    xs = [HostCAI(np.ones(4, np.float32)), HostCAI(np.ones(4, np.float32))]
+    blocks = [SimpleStream(66), SimpleStream(67)]
+    rank.hang_scenario(
+        first, second, xs, blocks, lambda index, seconds: cuda.block(blocks[index].ptr, seconds), gate=1.5,
+        order=order, verdict_within=10, host_bound=5,
+    )
+    if order == "after_abort":
+        assert rank.FAILURES == [] and "did not complete within 1.5 s" in second.broken
+    else:
+        assert [failure for failure in rank.FAILURES if "watchdog verdict None" in failure], rank.FAILURES
 
 
 # -- 4. torch tensors used on a stream other than torch's current one -------------------------------

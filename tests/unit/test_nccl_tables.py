@@ -13,19 +13,19 @@ import pytest
 from denseccl.dtypes import DTYPES
 from denseccl.errors import LayoutError
 from denseccl.ops import PreMulSum, ReduceOp
-from denseccl.transports import nccl_library, nccl_tables
+from denseccl.backends.nccl import library as nccl_library
 
-NEW = nccl_tables.version_code(2, 32, 3)
-OLD = nccl_tables.version_code(2, 8, 4)
+NEW = nccl_library.version_code(2, 32, 3)
+OLD = nccl_library.version_code(2, 8, 4)
 
 
 def test_version_codes():
-    assert nccl_tables.version_code(2, 7, 8) == 2708
-    assert nccl_tables.version_code(2, 10, 3) == 21003
-    assert nccl_tables.version_code(2, 32, 3) == 23203
+    assert nccl_library.version_code(2, 7, 8) == 2708
+    assert nccl_library.version_code(2, 10, 3) == 21003
+    assert nccl_library.version_code(2, 32, 3) == 23203
     for code in (2708, 21003, 23203, 22400):
-        major, minor, patch = map(int, nccl_tables.version_string(code).split("."))
-        assert nccl_tables.version_code(major, minor, patch) == code
+        major, minor, patch = map(int, nccl_library.version_string(code).split("."))
+        assert nccl_library.version_code(major, minor, patch) == code
 
 
 def test_type_codes_follow_nccl_h():
@@ -33,9 +33,9 @@ def test_type_codes_follow_nccl_h():
         "int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
         "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9, "float8_e4m3fn": 10, "float8_e5m2": 11,
     }  # fmt: skip
-    assert {name: code for name, (code, _) in nccl_tables.NCCL_TYPES.items()} == expected
+    assert {name: code for name, (code, _) in nccl_library.NCCL_TYPES.items()} == expected
     ops = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.AVG: 4}
-    assert nccl_tables.NCCL_OPS == ops
+    assert nccl_library.NCCL_OPS == ops
 
 
 def test_cupy_constants_agree_where_cupy_has_them():
@@ -49,24 +49,24 @@ def test_cupy_constants_agree_where_cupy_has_them():
                            ("bfloat16", "NCCL_BFLOAT16"),
                            ("uint64", "NCCL_UINT64")]:  # fmt: skip
         if hasattr(cupy_nccl, constant):
-            assert nccl_tables.NCCL_TYPES[name][0] == getattr(cupy_nccl, constant)
+            assert nccl_library.NCCL_TYPES[name][0] == getattr(cupy_nccl, constant)
     for op, constant in [(ReduceOp.SUM, "NCCL_SUM"), (ReduceOp.PRODUCT, "NCCL_PROD"), (ReduceOp.MAX, "NCCL_MAX"),
                          (ReduceOp.MIN, "NCCL_MIN"), (ReduceOp.AVG, "NCCL_AVG")]:  # fmt: skip
         if hasattr(cupy_nccl, constant):
-            assert nccl_tables.NCCL_OPS[op] == getattr(cupy_nccl, constant)
+            assert nccl_library.NCCL_OPS[op] == getattr(cupy_nccl, constant)
 
 
 def test_dtype_table_by_version():
-    new, old = nccl_tables.reducible_dtypes(NEW), nccl_tables.reducible_dtypes(OLD)
+    new, old = nccl_library.reducible_dtypes(NEW), nccl_library.reducible_dtypes(OLD)
     assert {"float8_e4m3fn", "float8_e5m2", "bfloat16"} <= set(new)
     assert "bfloat16" not in old and "float8_e4m3fn" not in old
-    assert "float8_e4m3fn" not in nccl_tables.reducible_dtypes(nccl_tables.version_code(2, 23, 4))
-    assert "float8_e4m3fn" in nccl_tables.reducible_dtypes(nccl_tables.version_code(2, 24, 3))
+    assert "float8_e4m3fn" not in nccl_library.reducible_dtypes(nccl_library.version_code(2, 23, 4))
+    assert "float8_e4m3fn" in nccl_library.reducible_dtypes(nccl_library.version_code(2, 24, 3))
     assert new["complex64"] == new["float32"] and new["complex128"] == new["float64"] and new["bool"] == new["uint8"]
     assert "int16" not in new and "uint16" not in new
     # every dtype can be moved (broadcast, allgather): those without an NCCL type as bytes
-    assert set(nccl_tables.nccl_dtypes(NEW)) == set(DTYPES) == set(nccl_tables.nccl_dtypes(OLD))
-    assert nccl_tables.nccl_dtypes(OLD)["bfloat16"] == nccl_tables.UINT8
+    assert set(nccl_library.nccl_dtypes(NEW)) == set(DTYPES) == set(nccl_library.nccl_dtypes(OLD))
+    assert nccl_library.nccl_dtypes(OLD)["bfloat16"] == nccl_library.UINT8
 
 
 @pytest.mark.parametrize(
@@ -83,43 +83,43 @@ def test_dtype_table_by_version():
     ],
 )
 def test_elements(name, count, expected):
-    assert nccl_tables.elements(DTYPES[name], count, nccl_tables.reducible_dtypes(NEW)) == expected
+    assert nccl_library.elements(DTYPES[name], count, nccl_library.reducible_dtypes(NEW)) == expected
 
 
 def test_elements_before_fp8_move_bytes():
-    before_fp8 = nccl_tables.reducible_dtypes(nccl_tables.version_code(2, 21, 5))
-    assert nccl_tables.elements(DTYPES["float8_e4m3fn"], 7, before_fp8) == (1, 7)
+    before_fp8 = nccl_library.reducible_dtypes(nccl_library.version_code(2, 21, 5))
+    assert nccl_library.elements(DTYPES["float8_e4m3fn"], 7, before_fp8) == (1, 7)
 
 
 def test_builtin_ops_and_bool():
     f32, boolean = DTYPES["float32"], DTYPES["bool"]
-    assert nccl_tables.builtin_op(ReduceOp.SUM, f32) == 0 and nccl_tables.builtin_op(ReduceOp.AVG, f32) == 4
-    assert nccl_tables.builtin_op(ReduceOp.SUM, boolean) == nccl_tables.NCCL_OPS[ReduceOp.MAX]  # logical or
-    assert nccl_tables.builtin_op(ReduceOp.PRODUCT, boolean) == nccl_tables.NCCL_OPS[ReduceOp.MIN]  # logical and
-    assert nccl_tables.builtin_op(ReduceOp.MIN, boolean) == nccl_tables.NCCL_OPS[ReduceOp.MIN]
+    assert nccl_library.builtin_op(ReduceOp.SUM, f32) == 0 and nccl_library.builtin_op(ReduceOp.AVG, f32) == 4
+    assert nccl_library.builtin_op(ReduceOp.SUM, boolean) == nccl_library.NCCL_OPS[ReduceOp.MAX]  # logical or
+    assert nccl_library.builtin_op(ReduceOp.PRODUCT, boolean) == nccl_library.NCCL_OPS[ReduceOp.MIN]  # logical and
+    assert nccl_library.builtin_op(ReduceOp.MIN, boolean) == nccl_library.NCCL_OPS[ReduceOp.MIN]
 
 
 def test_check_op():
     c64 = DTYPES["complex64"]
     for op in (ReduceOp.SUM, ReduceOp.AVG, PreMulSum(0.5)):
-        nccl_tables.check_op(op, c64, NEW)
+        nccl_library.check_op(op, c64, NEW)
     with pytest.raises(LayoutError, match="pairs of reals"):
-        nccl_tables.check_op(ReduceOp.PRODUCT, c64, NEW)
+        nccl_library.check_op(ReduceOp.PRODUCT, c64, NEW)
     with pytest.raises(LayoutError, match="2.10"):
-        nccl_tables.check_op(ReduceOp.AVG, DTYPES["float32"], OLD)
+        nccl_library.check_op(ReduceOp.AVG, DTYPES["float32"], OLD)
     with pytest.raises(LayoutError, match="2.11"):
-        nccl_tables.check_op(PreMulSum(2.0), DTYPES["float32"], nccl_tables.version_code(2, 10, 3))
+        nccl_library.check_op(PreMulSum(2.0), DTYPES["float32"], nccl_library.version_code(2, 10, 3))
     with pytest.raises(LayoutError, match="int16"):
-        nccl_tables.check_op(ReduceOp.SUM, DTYPES["int16"], NEW)
+        nccl_library.check_op(ReduceOp.SUM, DTYPES["int16"], NEW)
     with pytest.raises(LayoutError, match="2.24"):
-        nccl_tables.check_op(ReduceOp.SUM, DTYPES["float8_e4m3fn"], nccl_tables.version_code(2, 23, 4))
+        nccl_library.check_op(ReduceOp.SUM, DTYPES["float8_e4m3fn"], nccl_library.version_code(2, 23, 4))
     with pytest.raises(LayoutError, match="range"):
-        nccl_tables.check_op(PreMulSum(1000.0), DTYPES["float8_e4m3fn"], NEW)
+        nccl_library.check_op(PreMulSum(1000.0), DTYPES["float8_e4m3fn"], NEW)
     with pytest.raises(LayoutError, match="range"):
-        nccl_tables.check_op(PreMulSum(1e5), DTYPES["float16"], NEW)
-    nccl_tables.check_op(PreMulSum(448.0), DTYPES["float8_e4m3fn"], NEW)
-    nccl_tables.check_op(PreMulSum(1e30), DTYPES["bfloat16"], NEW)
-    nccl_tables.check_op(ReduceOp.MAX, DTYPES["bool"], NEW)
+        nccl_library.check_op(PreMulSum(1e5), DTYPES["float16"], NEW)
+    nccl_library.check_op(PreMulSum(448.0), DTYPES["float8_e4m3fn"], NEW)
+    nccl_library.check_op(PreMulSum(1e30), DTYPES["bfloat16"], NEW)
+    nccl_library.check_op(ReduceOp.MAX, DTYPES["bool"], NEW)
 
 
 # -- PreMulSum scalars, bit for bit ------------------------------------------------------------
@@ -142,11 +142,11 @@ def _torch_bits(value, name):
 def test_small_float_scalars_match_torch(name):
     """Bit for bit as torch rounds, over the samples and a sweep of the whole finite range
     (values exact in float32: torch rounds float64 -> float32 -> small)."""
-    limit = nccl_tables.max_finite(name)
+    limit = nccl_library.max_finite(name)
     for value in SAMPLES + [-v for v in SAMPLES] + list(np.linspace(-limit, limit, 997)):
         single = float(np.float32(value))
         if abs(single) <= limit:
-            assert nccl_tables.premul_scalar(single, name) == _torch_bits(single, name), (name, single)
+            assert nccl_library.premul_scalar(single, name) == _torch_bits(single, name), (name, single)
 
 
 @pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
@@ -156,32 +156,32 @@ def test_small_float_scalars_without_ml_dtypes(name, monkeypatch):
 
     pytest.importorskip("torch")
     for value in (1.0, -0.5, 0.125, 1 / 3, 3.0):
-        with_ml = nccl_tables.premul_scalar(value, name)
+        with_ml = nccl_library.premul_scalar(value, name)
         with monkeypatch.context() as patch:
             patch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now raises ImportError
-            assert nccl_tables.premul_scalar(value, name) == with_ml == _torch_bits(value, name)
+            assert nccl_library.premul_scalar(value, name) == with_ml == _torch_bits(value, name)
 
 
 def test_max_finite_matches_the_libraries():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        assert nccl_tables.max_finite(name) == float(ml_dtypes.finfo(getattr(ml_dtypes, name)).max)
+        assert nccl_library.max_finite(name) == float(ml_dtypes.finfo(getattr(ml_dtypes, name)).max)
     for name in ("float16", "float32"):
-        assert nccl_tables.max_finite(name) == float(np.finfo(name).max)
+        assert nccl_library.max_finite(name) == float(np.finfo(name).max)
 
 
 def test_premul_scalars():
-    assert nccl_tables.premul_scalar(0.25, "float32") == struct.pack("<f", 0.25)
-    assert nccl_tables.premul_scalar(0.1, "float64") == struct.pack("<d", 0.1)
-    assert nccl_tables.premul_scalar(0.5, "float16") == np.float16(0.5).tobytes()
-    assert nccl_tables.premul_scalar(1.0, "bfloat16") == (0x3F80).to_bytes(2, "little")
-    assert nccl_tables.premul_scalar(1.0, "float8_e4m3fn") == bytes([0x38])
-    assert nccl_tables.premul_scalar(-3, "int32") == np.int32(-3).tobytes()
-    assert nccl_tables.premul_scalar(3, "uint64") == np.uint64(3).tobytes()
-    assert nccl_tables.premul_scalar(-1, "uint8") == bytes([255])  # multiplication mod 2**8 gives the same result
-    assert nccl_tables.premul_scalar(2**40, "int64") == np.int64(2**40).tobytes()
+    assert nccl_library.premul_scalar(0.25, "float32") == struct.pack("<f", 0.25)
+    assert nccl_library.premul_scalar(0.1, "float64") == struct.pack("<d", 0.1)
+    assert nccl_library.premul_scalar(0.5, "float16") == np.float16(0.5).tobytes()
+    assert nccl_library.premul_scalar(1.0, "bfloat16") == (0x3F80).to_bytes(2, "little")
+    assert nccl_library.premul_scalar(1.0, "float8_e4m3fn") == bytes([0x38])
+    assert nccl_library.premul_scalar(-3, "int32") == np.int32(-3).tobytes()
+    assert nccl_library.premul_scalar(3, "uint64") == np.uint64(3).tobytes()
+    assert nccl_library.premul_scalar(-1, "uint8") == bytes([255])  # multiplication mod 2**8 gives the same result
+    assert nccl_library.premul_scalar(2**40, "int64") == np.int64(2**40).tobytes()
     with pytest.raises(LayoutError):
-        nccl_tables.premul_scalar(1.0, "int16")
+        nccl_library.premul_scalar(1.0, "int16")
 
 
 # -- the ctypes layer -------------------------------------------------------------------------

@@ -3,7 +3,9 @@ not complete.
 
 - :class:`CudaStreams`: an event recorded after each call (a ``cupy.cuda.Event`` recorded on the
   call's stream, which ``cupy.cuda.Stream.from_external`` wraps), whether it has completed
-  (``Event.done``), a stream made to wait for it (``Stream.wait_event``) and whether a stream is
+  (``cudaEventQuery``'s status through ``cupy.cuda.runtime.eventQuery``: CuPy's ``Event.done``
+  reads a sticky CUDA error as "not done yet", which would turn it into a timeout or a hang), a
+  stream made to wait for it (``Stream.wait_event``) and whether a stream is
   being captured into a CUDA graph (``Stream.is_capturing``). The ``cupy`` module is passed in,
   so the CPU tests run this very code on a fake whose API is checked against the installed CuPy.
 - :class:`NCCLPending`: :meth:`~NCCLPending.wait` makes the caller's *current* stream wait for
@@ -16,7 +18,13 @@ not complete.
 
 A call enqueued while its stream is being captured into a CUDA graph runs only when the graph
 is replayed: it gets no watchdog entry and its event is never queried (querying an event
-recorded during capture is an error), as ProcessGroupNCCL does under capture.
+recorded during capture is an error), as ProcessGroupNCCL does under capture. In CUDA's default
+(global) capture mode any event query, from any thread, invalidates a capture in progress, so
+once a call has seen a capture on a device, no watchdog of that device queries an event until
+that capture has ended (``cudaStreamIsCapturing`` itself is allowed during a capture). torch's
+CUDAGraph closes the other half for ProcessGroupNCCL, waiting before a capture begins until the
+watchdog has retired the eager work; here :meth:`Watchdog.wait_idle` (the transport's
+``wait_idle``) is that wait, for the caller to make before it begins a capture.
 """
 
 from __future__ import annotations
@@ -25,15 +33,25 @@ import collections
 import importlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
 
-from ..errors import CollectiveTimeoutError
-from ..streams import StreamRef, current_stream_pointer
-from ..wait import deadline_after, wait_until
-from ..backends.base import Pending
+from ...errors import CollectiveTimeoutError, LayoutError
+from ...streams import StreamRef, current_stream_pointer
+from ..base import Pending
+from ...wait import deadline_after, wait_until
 
 if TYPE_CHECKING:
-    from .nccl import NCCLTransport
+    from .transport import NCCLTransport
+
+CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
+CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
+CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
+
+
+#: (id of the cupy module, device) -> (that module, the streams seen capturing there whose capture
+#: may still run): process-wide, since a capture is invalidated by a query from any thread
+_CAPTURES: Dict[Tuple[int, int], Tuple[Any, Set[int]]] = {}
+_CAPTURES_LOCK = threading.Lock()
 
 
 class _Handle:
@@ -58,6 +76,8 @@ class CudaStreams:
         self._current = current  # (library, device) -> that library's current stream there
         self.device = device
         self._streams: Dict[int, Any] = {}
+        with _CAPTURES_LOCK:
+            self._captures = _CAPTURES.setdefault((id(self._cupy), device), (self._cupy, set()))[1]
 
     def stream(self, pointer: int) -> Any:
         """CuPy's view of the stream ``pointer`` (which it does not own), made once per handle."""
@@ -81,7 +101,16 @@ class CudaStreams:
         return event
 
     def done(self, event: Any) -> bool:
-        return bool(event.done)
+        """Whether the work before ``event`` has completed; raises CuPy's ``CUDARuntimeError``
+        for an error (e.g. an illegal address, sticky). The capture rules' refusals
+        (cudaErrorStreamCapture*) are no answer and no error of the work: "not done yet"."""
+        runtime = self._cupy.cuda.runtime
+        status = runtime.eventQuery(event.ptr)
+        if status == CUDA_SUCCESS:
+            return True
+        if status == CUDA_NOT_READY or status in CUDA_CAPTURE_ERRORS:
+            return False
+        raise runtime.CUDARuntimeError(status)
 
     def wait(self, pointer: int, event: Any) -> None:
         """Make stream ``pointer`` wait for ``event`` (no host synchronisation)."""
@@ -89,9 +118,50 @@ class CudaStreams:
             self.stream(pointer).wait_event(event)
 
     def capturing(self, pointer: int) -> bool:
-        """Whether stream ``pointer`` is being captured into a CUDA graph now."""
+        """Whether stream ``pointer`` is being captured into a CUDA graph now. CuPy's answer
+        raises where the question has none: an invalidated capture, or the legacy stream while
+        another stream captures (cudaErrorStreamCaptureImplicit); both become a LayoutError that
+        says what to do, raised before anything is enqueued (the communicator stays usable)."""
         with self._cupy.cuda.Device(self.device):
-            return bool(self.stream(pointer).is_capturing())
+            try:
+                found = bool(self.stream(pointer).is_capturing())
+            except RuntimeError as error:
+                if getattr(error, "status", None) == CUDA_CAPTURE_IMPLICIT:
+                    raise LayoutError(
+                        f"stream {pointer:#x} is the legacy default stream, which cannot be used while another stream "
+                        f"is captured into a CUDA graph ({error}); run the collective on a non-default stream "
+                        "(stream=, or the capturing stream) or after the capture"
+                    ) from error
+                if "invalidated" not in str(error):
+                    raise
+                raise LayoutError(
+                    f"the capture of stream {pointer:#x} into a CUDA graph was invalidated by an earlier error "
+                    f"({error}); end it (end_capture) and capture again. Nothing was enqueued"
+                ) from error
+        if found:
+            with _CAPTURES_LOCK:
+                self._captures.add(pointer)
+        return found
+
+    def capture_in_progress(self) -> bool:
+        """Whether a capture that a call on this device has seen is still running (any
+        thread's, any communicator's); captures found ended are forgotten. Never raises: a
+        stream whose capture cannot be asked about (invalidated, not yet ended) still counts."""
+        with _CAPTURES_LOCK:
+            streams = list(self._captures)
+        if not streams:
+            return False
+        ended = set()
+        for pointer in streams:
+            try:
+                with self._cupy.cuda.Device(self.device):
+                    if not self.stream(pointer).is_capturing():
+                        ended.add(pointer)
+            except Exception:  # noqa: BLE001 - an invalidated capture still runs until it is ended
+                continue
+        with _CAPTURES_LOCK:
+            self._captures.difference_update(ended)
+        return len(ended) < len(streams)
 
     def current(self, ref: StreamRef) -> int:
         return self._current(ref.library, ref.device)
@@ -145,9 +215,11 @@ class Watchdog:
         on_failure: Callable[[str, bool], None],
         interval: float = 0.02,
         on_start: Optional[Callable[[], None]] = None,
+        paused: Optional[Callable[[], bool]] = None,
     ) -> None:
         self.timeout = timeout
         self._on_start = on_start
+        self._paused = paused  # while true (a CUDA graph capture runs), no event is queried
         self._done = done
         self._async_error = async_error
         self._on_failure = on_failure
@@ -223,6 +295,9 @@ class Watchdog:
                     self._condition.wait()
                 if self._stopped:
                     return
+            if self._paused is not None and self._paused():
+                time.sleep(self._interval)  # verdicts wait for the capture's end: they need queries
+                continue
             verdict = self.check()
             if verdict is not None:
                 with self._condition:
@@ -232,6 +307,15 @@ class Watchdog:
                 self._on_failure(*verdict)
                 return
             time.sleep(self._interval)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until every watched call has been seen complete and
+        retired, so that the watchdog makes no more event queries; whether it got there. Made
+        before a CUDA graph capture begins (CUDA's global capture mode forbids queries)."""
+        deadline = time.monotonic() + timeout
+        while self._entries and not self._stopped and time.monotonic() < deadline:
+            time.sleep(self._interval)
+        return not self._entries or self._stopped
 
     def close(self) -> None:
         with self._condition:
@@ -265,8 +349,19 @@ class NCCLPending(Pending):
         self.captured = captured
 
     def test(self) -> bool:
+        return self.captured or self._finished()
+
+    def _finished(self) -> bool:
+        """Whether the call completed or the communicator failed; a CUDA error while asking
+        (a sticky error of the context) aborts the communicator and counts as its failure."""
         transport = self._transport
-        return self.captured or transport._failure is not None or transport.events.done(self._event)
+        if transport._failure is not None:
+            return True
+        try:
+            return bool(transport.events.done(self._event))
+        except Exception as error:  # noqa: BLE001 - CuPy raises CUDARuntimeError
+            transport.abort(f"checking NCCL work failed: {type(error).__name__}: {error}", timed_out=False)
+            return True
 
     def wait(self, deadline: Optional[float]) -> None:
         """Make the caller's current stream wait for the call (free when the call ran there)."""
@@ -294,7 +389,7 @@ class NCCLPending(Pending):
         transport = self._transport
 
         def finished() -> bool:
-            if transport._failure is not None or transport.events.done(self._event):
+            if self._finished():
                 return True
             error = transport.async_error()
             if error:

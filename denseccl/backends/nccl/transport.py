@@ -14,15 +14,19 @@ What NCCL lacks is mapped onto what it has, never by an extra pass over the data
   PreMulSum into a host-side scaling that has no fp8 case and returns ncclInvalidArgument); fp8
   PreMulSum by a factor other than 1 is refused there with the reason.
 
-Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they never run
+Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they do not run
 while another thread is inside a call on it (NCCL's enqueue runs without the GIL). Calls count
-themselves in and out under a lock; an abort that finds one inside is deferred to the moment
-the last one leaves, and until then the transport already refuses new calls.
+themselves in and out under a lock; an abort that finds one inside waits for the last one to
+leave, and meanwhile the transport already refuses new calls. That wait is bounded
+(``abort_grace``): NCCL connects peers during the first collective (``NCCL_RUNTIME_CONNECT=1``,
+the default), and a call stuck connecting to a dead peer returns only once ``ncclCommAbort``
+sets the communicator's abort flag, so past the grace the abort runs under it, as torch's
+watchdog aborts under a stuck collective.
 
-The pieces live beside it, each testable on the CPU: the version gates, dtype and op tables and
-PreMulSum scalars in :mod:`.nccl_tables`; the ctypes binding of libnccl in :mod:`.nccl_library`;
-CUDA events through CuPy, the pending call and the watchdog in :mod:`.nccl_events`. The CuPy
-module and the NCCL communicator are passed in, so tests can replace them with fakes.
+The pieces live beside it, each testable on the CPU: the version gates, dtype and op tables,
+PreMulSum scalars and the ctypes binding of libnccl in :mod:`.library`; CUDA events through
+CuPy, the pending call and the watchdog in :mod:`.cuda`. The CuPy module and the NCCL
+communicator are passed in, so tests can replace them with fakes.
 """
 
 from __future__ import annotations
@@ -32,15 +36,15 @@ import contextlib
 import threading
 from typing import Any, Callable, Optional, Set, Tuple
 
-from .. import log
-from ..dtypes import DType
-from ..errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
-from ..ops import Op, PreMulSum, ReduceOp, op_kind
-from ..streams import StreamRef, stream_pointer
-from ..backends.base import Pending, Transport
-from .nccl_events import CudaStreams, NCCLPending, Watchdog
-from .nccl_library import NCCLLibrary
-from .nccl_tables import (
+from ... import log
+from ...dtypes import DType
+from ...errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from ...ops import Op, PreMulSum, ReduceOp, op_kind
+from ...streams import StreamRef, stream_pointer
+from ..base import Pending, Transport, abandon
+from .cuda import CudaStreams, NCCLPending, Watchdog
+from .library import (
+    NCCLLibrary,
     CARRIED_AS,
     FP8_REDUCTION_CAPABILITY,
     FP8_SINCE,
@@ -59,6 +63,7 @@ from .nccl_tables import (
 
 NCCL_INVALID_ARGUMENT = 4  # ncclInvalidArgument: refused by the argument checks, before any enqueue
 PREMUL_CACHE = 64  # PreMulSum ops kept per communicator (least recently used are destroyed)
+ABORT_GRACE = 2.0  # seconds an abort waits for a call inside NCCL to return before aborting under it
 
 
 def raw_handle(comm: Any) -> int:
@@ -88,6 +93,7 @@ class NCCLTransport(Transport):
         events: Any = None,
         library: Optional[NCCLLibrary] = None,
         watchdog_interval: float = 0.02,
+        abort_grace: float = ABORT_GRACE,
     ) -> None:
         self.comm = comm
         self.device = device
@@ -113,6 +119,8 @@ class NCCLTransport(Transport):
         # _lock guards the fields below; the raw communicator is freed (abort, destroy) only under
         # it and only while no call is inside NCCL (_inside == 0)
         self._lock = threading.Lock()
+        self._left = threading.Condition(self._lock)  # notified when the last call leaves NCCL
+        self._abort_grace = abort_grace
         self._inside = 0
         self._deferred: Optional[str] = None  # "abort" or "destroy", run when the last call leaves
         self._released = False
@@ -120,7 +128,7 @@ class NCCLTransport(Transport):
         self._scratch: Any = None
         self._watchdog = Watchdog(
             timeout, self.events.done, self.async_error, self.abort, watchdog_interval,
-            getattr(self.events, "bind_thread", None),
+            getattr(self.events, "bind_thread", None), getattr(self.events, "capture_in_progress", None),
         )
 
     def __repr__(self) -> str:
@@ -137,6 +145,12 @@ class NCCLTransport(Transport):
 
     def failure(self) -> Optional[str]:
         return None if self._failure is None else self._failure[0]
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until the watchdog has retired every eager call (it then queries no CUDA event):
+        call it before beginning a CUDA graph capture in the default global mode, in which a
+        query from any thread invalidates the capture. Whether it got there within ``timeout``."""
+        return self._watchdog.wait_idle(timeout)
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -156,7 +170,8 @@ class NCCLTransport(Transport):
 
     def abort(self, reason: str, timed_out: bool = False) -> None:
         """Abort the NCCL communicator (unblocking its kernels); every later call raises. While
-        another thread is inside a call on it, the abort waits for that call to return."""
+        another thread is inside a call on it, the abort waits for that call to return, at most
+        ``abort_grace`` seconds: a call still inside then is one only the abort can release."""
         with self._lock:
             if self._failure is not None:
                 return
@@ -166,11 +181,19 @@ class NCCLTransport(Transport):
             if self._inside:
                 self._deferred = "abort"
                 log.warning(
-                    "%s; ncclCommAbort waits until the NCCL call now running in another thread returns (aborting "
-                    "under it would free the communicator it uses)",
-                    reason,
+                    "%s; ncclCommAbort waits (at most %g s) until the NCCL call now running in another thread "
+                    "returns (aborting under it would free the communicator it uses)",
+                    reason, self._abort_grace,
                 )
-                return
+                self._left.wait_for(lambda: not self._inside, timeout=self._abort_grace)
+                if self._released or not self._inside:
+                    return  # the last call out aborted it
+                log.warning(
+                    "the NCCL call in another thread did not return within %g s: it waits for something only the "
+                    "abort ends (e.g. connecting to a peer that is gone); aborting under it",
+                    self._abort_grace,
+                )
+                self._deferred = None
             self._release("abort")
 
     def _release(self, how: str) -> None:
@@ -202,6 +225,8 @@ class NCCLTransport(Transport):
     def _leave(self) -> None:
         with self._lock:
             self._inside -= 1
+            if self._inside == 0:
+                self._left.notify_all()
             if self._inside == 0 and self._deferred is not None:
                 how, self._deferred = self._deferred, None
                 self._release(how)
@@ -259,6 +284,8 @@ class NCCLTransport(Transport):
             except BaseException as error:
                 if entry is not None:
                     Watchdog.cancel(entry)
+                if self._failure is not None and isinstance(error, Exception):
+                    self.raise_if_failed()  # released by the abort: its reason, not NCCL's words for it
                 if getattr(error, "status", None) == NCCL_INVALID_ARGUMENT:
                     raise LayoutError(
                         f"NCCL refused the arguments of {what} ({error}); it enqueued nothing and the communicator "
@@ -356,8 +383,23 @@ class NCCLTransport(Transport):
         if part is None:
             return None
         return NCCLTransport(
-            part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library
+            part, self.device, timeout=self.timeout, version=self.version, events=self.events, library=self._library,
+            abort_grace=self._abort_grace,
         )
+
+    def retire(self) -> None:
+        """Close while work may still run on the communicator (a Work in flight or abandoned):
+        stop watching and refuse new calls, but keep the communicator, its PreMulSum ops and
+        the barrier's scratch for the process's life. ncclCommDestroy under running kernels
+        frees what they use, and so would CuPy, which destroys a communicator when it is
+        garbage collected; the MPI transport keeps its communicators the same way."""
+        if self._closed:
+            return
+        self._watchdog.close()
+        with self._lock:
+            self._closed = True
+            self._deferred = None if self._deferred == "destroy" else self._deferred
+        abandon(self.comm, self._scratch)
 
     def close(self) -> None:
         """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left);

@@ -1,24 +1,35 @@
-"""What NCCL of each version can do, as data: version codes and gates, the ``ncclDataType_t``
-and ``ncclRedOp_t`` tables, and how a denseccl dtype and op map onto them.
+"""What the NCCL backend knows of libnccl without a GPU: the tables of what NCCL of each version
+can do, and the part of its C API that CuPy does not wrap, reached through ctypes.
 
-No GPU and no libnccl: the transport asks these tables which type and count a call carries
-(:func:`elements`), which built-in op it names (:func:`builtin_op`), whether NCCL of its version
-can run an op on a dtype at all (:func:`check_op`), and the bytes of a PreMulSum factor in the
-dtype's own format (:func:`premul_scalar`: NumPy, ml_dtypes or a torch cast rounds it). Kept
-apart from the transport so that they are tested on the CPU.
+Why it exists: the transport (:mod:`.transport`) stays one call per collective because every
+question about types, ops and versions is answered here, as data, and tested on the CPU.
+
+- Tables: version codes and gates, the ``ncclDataType_t`` and ``ncclRedOp_t`` tables, and how a
+  denseccl dtype and op map onto them: which type and count a call carries (:func:`elements`),
+  which built-in op it names (:func:`builtin_op`), whether NCCL of its version can run an op on
+  a dtype at all (:func:`check_op`), and the bytes of a PreMulSum factor in the dtype's own
+  format (:func:`premul_scalar`: NumPy, ml_dtypes or a torch cast rounds it).
+- The C API CuPy lacks, vLLM's pynccl pattern: the functions are declared as data
+  (:data:`FUNCTIONS`, each with its C prototype), bound once per library path by
+  :class:`NCCLLibrary`, preferring the libnccl that CuPy already loaded, and every
+  ``ncclResult_t`` goes through one check (``NCCL_CHECK``) that raises :class:`NCCLError` with
+  NCCL's own words. The transport needs it for PreMulSum ops (``ncclRedOpCreatePreMulSum`` /
+  ``ncclRedOpDestroy``) on the communicator's raw handle; what CuPy wraps (the version,
+  ``ncclCommGetAsyncError``, abort) is used through CuPy.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
-from typing import Dict, Tuple
+from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from ..dtypes import DTYPES, DType
-from ..errors import LayoutError
-from ..ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
+from ...dtypes import DTYPES, DType
+from ...errors import DenseCCLError, LayoutError
+from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 
 # -- versions ------------------------------------------------------------------------------------
 
@@ -194,7 +205,131 @@ def check_op(op: Op, dtype: DType, version: int) -> None:
                 "use a smaller factor or a wider dtype"
             )
 
+# -- the C API that CuPy does not wrap, declared as data ------------------------------------------
+
+
+class Function(NamedTuple):
+    name: str
+    restype: Any
+    argtypes: List[Any]
+
+
+_result_t = ctypes.c_int  # ncclResult_t
+_comm_t = ctypes.c_void_p  # ncclComm_t
+_red_op_t = ctypes.c_int  # ncclRedOp_t
+_data_type_t = ctypes.c_int  # ncclDataType_t
+SCALAR_HOST_IMMEDIATE = 1  # ncclScalarHostImmediate (ncclScalarResidence_t)
+
+FUNCTIONS: List[Function] = [
+    # const char* ncclGetErrorString(ncclResult_t result);
+    Function("ncclGetErrorString", ctypes.c_char_p, [_result_t]),
+    # ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+    #                                       ncclScalarResidence_t residence, ncclComm_t comm);
+    Function(
+        "ncclRedOpCreatePreMulSum",
+        _result_t,
+        [ctypes.POINTER(_red_op_t), ctypes.c_void_p, _data_type_t, ctypes.c_int, _comm_t],
+    ),
+    # ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+    Function("ncclRedOpDestroy", _result_t, [_red_op_t, _comm_t]),
+    # const char* ncclGetLastError(ncclComm_t comm);   (NCCL >= 2.13)
+    Function("ncclGetLastError", ctypes.c_char_p, [_comm_t]),
+]
+
+
+class NCCLError(DenseCCLError, RuntimeError):
+    """A call into libnccl returned an error."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def loaded_nccl_path() -> Optional[str]:
+    """Path of the libnccl already mapped into this process (the one CuPy loaded), if any."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rstrip("\n").rpartition(" ")[2]
+                if "/libnccl.so" in path:
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+class NCCLLibrary:
+    """The functions of :data:`FUNCTIONS`, bound once per library path (vLLM's pynccl
+    pattern). Missing symbols (an old NCCL) are bound as None and raise when called."""
+
+    #: first candidate asked for -> (the path that loaded, its bound functions)
+    _bound: ClassVar[Dict[str, Tuple[str, Dict[str, Any]]]] = {}
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        # By soname first: the dynamic linker then returns the libnccl already loaded under that
+        # name, which is the one CuPy's extension was linked against; else the mapped file.
+        candidates: List[Optional[str]] = [path] if path else ["libnccl.so.2", loaded_nccl_path()]
+        asked = next((c for c in candidates if c), "libnccl.so.2")
+        self.path, functions = self._bound.get(asked, (asked, None))
+        if functions is None:
+            library, problem = None, None
+            for candidate in filter(None, candidates):
+                try:
+                    library = ctypes.CDLL(candidate)
+                    self.path = candidate
+                    break
+                except OSError as error:
+                    problem = error
+            if library is None:
+                raise DenseCCLError(f"cannot load the NCCL library {' or '.join(filter(None, candidates))}: {problem}")
+            functions = {}
+            for function in FUNCTIONS:
+                symbol = getattr(library, function.name, None)
+                if symbol is not None:
+                    symbol.restype = function.restype
+                    symbol.argtypes = function.argtypes
+                functions[function.name] = symbol
+            self._bound[asked] = (self.path, functions)
+        self._functions = functions
+
+    def _function(self, name: str) -> Any:
+        function = self._functions[name]
+        if function is None:
+            raise DenseCCLError(f"{self.path} has no {name}; it is too old for this feature")
+        return function
+
+    def error_string(self, result: int) -> str:
+        raw = self._function("ncclGetErrorString")(result)
+        return raw.decode(errors="replace") if raw else f"error {result}"
+
+    def NCCL_CHECK(self, result: int, what: str, comm: Optional[int] = None) -> None:  # noqa: N802 - vLLM's name
+        """Turn a non-zero ncclResult_t into :class:`NCCLError` with NCCL's own words."""
+        if result == 0:
+            return
+        detail = ""
+        last = self._functions.get("ncclGetLastError")
+        if last is not None and comm:
+            raw = last(comm)
+            detail = f" ({raw.decode(errors='replace')})" if raw else ""
+        raise NCCLError(f"{what} failed: {self.error_string(result)}{detail}", result)
+
+    def create_premul_sum(self, scalar: bytes, datatype: int, comm: int) -> int:
+        """A PreMulSum op whose factor is read from ``scalar`` now (host-immediate)."""
+        op = _red_op_t()
+        buffer = ctypes.create_string_buffer(scalar, len(scalar))
+        result = self._function("ncclRedOpCreatePreMulSum")(
+            ctypes.byref(op), ctypes.cast(buffer, ctypes.c_void_p), datatype, SCALAR_HOST_IMMEDIATE, comm
+        )
+        self.NCCL_CHECK(result, "ncclRedOpCreatePreMulSum", comm)
+        return op.value
+
+    def destroy_op(self, op: int, comm: int) -> None:
+        self.NCCL_CHECK(self._function("ncclRedOpDestroy")(op, comm), "ncclRedOpDestroy", comm)
+
+
 __all__ = [
+    "NCCLError",
+    "NCCLLibrary",
     "check_op",
     "elements",
     "max_finite",
