@@ -17,6 +17,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from tests.support.ranks import ROOT, launch, mpiexec, run_ranks
+from tests.support.segments import Job
 
 pytestmark = pytest.mark.mpi
 RANKS = Path(__file__).parent / "ranks"
@@ -157,9 +158,8 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
     prefix, needs = launch(mpiexec(), 2)  # Open MPI needs options and, as root, variables
     environment.update(needs)
     command = [*prefix, sys.executable, str(RANKS / "bench_cli.py"), *args]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
-    )
+    job = Job(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = job.process
     lines: List[Tuple[float, str, bool]] = []
     start = time.monotonic()
     try:
@@ -174,6 +174,7 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        job.finish()
 
 
 def test_rows_stream_as_they_complete_and_progress_goes_to_stderr() -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ranks import ROOT, is_mpi_segment, kill_session, mpiexec
+from tests.support.ranks import ROOT, mpiexec
+from tests.support.segments import is_mpi_segment, kill_session
 
 pytestmark = pytest.mark.mpi
 
