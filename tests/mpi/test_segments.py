@@ -68,7 +68,7 @@ def test_a_segment_a_live_process_maps_stays() -> None:
         path.unlink(missing_ok=True)
 
 
-INNER = '''
+INNER = """
 from pathlib import Path
 from tests.support import segments
 from tests.support.ranks import run_ranks
@@ -76,7 +76,7 @@ from tests.support.ranks import run_ranks
 def test_a_runner_that_forgets(monkeypatch):
     monkeypatch.setattr(segments.Job, "remove", lambda self, settle=0: set())
     run_ranks(2, {killed!r}, [{unrelated!r}], timeout=120, expect_failure=True)
-'''
+"""
 
 
 @pytest.mark.timeout(200)
@@ -89,7 +89,11 @@ def test_the_run_fails_when_its_jobs_leave_segments(tmp_path: Path) -> None:
     try:
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", str(tmp_path)],
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=180,
         )
         output = done.stdout + done.stderr
         assert "1 passed" in output and done.returncode == 1, output

@@ -36,6 +36,12 @@ class Checker:
             self.failures.append(message)
         return bool(condition)
 
+    def tally(self, checks: int, failures: Sequence[str]) -> None:
+        """Count ``checks`` made elsewhere (a test matrix that keeps its own tally), of which
+        ``failures`` failed."""
+        self.checks += checks
+        self.failures.extend(failures)
+
     def fail(self, message: str) -> None:
         """A check that failed (a path that must not be taken, an unexpected exception)."""
         self.check(False, message)

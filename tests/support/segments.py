@@ -84,7 +84,7 @@ def mapped_segments(pid: str = "[0-9]*") -> Set[str]:
         for line in text.splitlines():
             at = line.find(" /dev/shm/")
             if at >= 0:
-                names.add(line[at + len(" /dev/shm/"):].split(" (deleted)")[0])
+                names.add(line[at + len(" /dev/shm/") :].split(" (deleted)")[0])
     return names
 
 

@@ -38,6 +38,7 @@ try:
     if how == "kill":  # every process of the job: launcher and ranks
         kill_session(job.pid)
     job.wait(timeout=60)
+    print(job.stdout.read(), flush=True)  # type: ignore[union-attr] - the ranks' summaries, if they finished
     time.sleep(0.5)  # the ranks are not our children: let the kernel finish them
 finally:
     kill_session(job.pid)
