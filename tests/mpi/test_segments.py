@@ -4,6 +4,7 @@ leave some fails (the session check in tests/conftest.py)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -11,13 +12,14 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.checker import expect_summaries
 from tests.support.ranks import ROOT, run_ranks
-from tests.support.segments import JOBS, SEGMENT, SHM, Job
+from tests.support.segments import JOBS, SEGMENT, SHM, Job, first_rand, fnv1a
 
 pytestmark = pytest.mark.mpi
 
@@ -52,6 +54,15 @@ def test_a_killed_rank_leaves_nothing_of_its_job() -> None:
         assert unrelated.name not in JOBS[-1].segments() | JOBS[-1].removed
     finally:
         unrelated.unlink(missing_ok=True)
+
+
+def test_the_world_ids_follow_glibc_and_fnv() -> None:
+    """The generator is glibc's (the one hydra's mpiexec calls), the hash FNV-1a."""
+    libc = ctypes.CDLL(None)
+    for seed in (0, 1, 12345, 2**31 + 7, int(time.time())):
+        libc.srand(seed)
+        assert libc.rand() == first_rand(seed), seed
+    assert fnv1a("") == 0x811C9DC5 and fnv1a("a") == 0xE40C292C  # the published test vectors
 
 
 def test_a_segment_a_live_process_maps_stays() -> None:

@@ -41,10 +41,16 @@ JOBS: List["Job"] = []
 
 
 def first_rand(seed: int) -> int:
-    """glibc's first ``rand()`` after ``srand(seed)`` (its default additive generator)."""
-    r = [seed or 1]
-    for i in range(1, 31):
-        r.append(16807 * r[i - 1] % 2147483647)
+    """glibc's first ``rand()`` after ``srand(seed)``: its default additive generator, seeded by
+    a Lehmer generator in 32-bit C arithmetic."""
+    word = (seed & 0xFFFFFFFF or 1) - ((seed & 0x80000000) << 1)  # as int32_t
+    r = [word]
+    for _ in range(30):
+        hi = word // 127773 if word >= 0 else -(-word // 127773)  # C division truncates
+        lo = word - hi * 127773
+        word = 16807 * lo - 2836 * hi
+        word += 2147483647 if word < 0 else 0
+        r.append(word)
     r += r[:3]
     for i in range(34, 345):
         r.append((r[i - 31] + r[i - 3]) & 0xFFFFFFFF)
@@ -124,6 +130,7 @@ class Job:
         self.pids: Set[int] = {self.process.pid}
         #: the segments :meth:`finish` removed, by name
         self.removed: Set[str] = set()
+        self._worlds: Optional[Set[str]] = None  # once the job has ended
         JOBS.append(self)
         self._done = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -135,8 +142,13 @@ class Job:
 
     def worlds(self) -> Set[str]:
         """Every world id this job's segments can have."""
-        last = self.ended or time.time()
-        return hydra_worlds(self.process.pid, self.began, last) | {format(pid, "x") for pid in self.pids}
+        if self._worlds is not None:
+            return self._worlds
+        worlds = hydra_worlds(self.process.pid, self.began, self.ended or time.time())
+        worlds |= {format(pid, "x") for pid in self.pids}
+        if self.ended is not None:
+            self._worlds = worlds
+        return worlds
 
     def segments(self) -> Set[str]:
         """This job's segments in /dev/shm now, by name."""
