@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.hosts.simhosts import SimHosts, unavailable
+from tests.support.checker import expect_summaries
 
 
 def main(argv: list) -> int:
@@ -23,6 +24,7 @@ def main(argv: list) -> int:
     with SimHosts(2) as hosts:
         done = hosts.mpiexec([str(program), *settings], hosts=2, per_host=2, timeout=600)
     print(done.outputs.get(0, done.stdout))
+    expect_summaries(done.stdout, "allreduce_pairs", 4)
     return 0
 
 

@@ -47,4 +47,4 @@ def test_ddp_across_hosts(simhosts: SimHosts) -> None:
 def test_every_collective_on_every_layout(simhosts: SimHosts) -> None:
     """tests/torch/ranks/collectives.py (every collective and layout, a subgroup, async bursts)."""
     done = simhosts.mpiexec([str(HERE.parent / "torch" / "ranks" / "collectives.py")], hosts=2, per_host=2, timeout=150)
-    assert done.stdout.count("checks passed") == 4, done.describe()
+    expect_summaries(done.stdout, "torch-collectives", 4)

@@ -16,7 +16,9 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from tests.support.checker import expect_summaries
 from tests.support.ranks import ROOT, launch, mpiexec, run_ranks
+from tests.support.segments import Job
 
 pytestmark = pytest.mark.mpi
 RANKS = Path(__file__).parent / "ranks"
@@ -157,9 +159,8 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
     prefix, needs = launch(mpiexec(), 2)  # Open MPI needs options and, as root, variables
     environment.update(needs)
     command = [*prefix, sys.executable, str(RANKS / "bench_cli.py"), *args]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
-    )
+    job = Job(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = job.process
     lines: List[Tuple[float, str, bool]] = []
     start = time.monotonic()
     try:
@@ -174,6 +175,7 @@ def _stream(args: List[str], timeout: float) -> Tuple[List[Tuple[float, str, boo
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        job.finish()
 
 
 def test_rows_stream_as_they_complete_and_progress_goes_to_stderr() -> None:
@@ -212,4 +214,4 @@ def test_rows_stream_as_they_complete_and_progress_goes_to_stderr() -> None:
 
 def test_in_place_paths_allocate_no_large_temporary() -> None:
     done = run_ranks(2, RANKS / "memcheck.py", timeout=240)
-    assert done.stdout.count("memcheck OK") == 2, done.stdout
+    expect_summaries(done.stdout, "memcheck", 2)

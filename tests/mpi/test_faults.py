@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.mpi.summaries import expect_summaries
-from tests.support.ranks import flavour, mpi_segments, mpiexec, remove_orphaned_segments, run_ranks
+from tests.support.ranks import flavour, mpiexec, run_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -19,18 +19,10 @@ RANKS = Path(__file__).parent / "ranks"
 BOARD = {"1": "board", "0": "mpi"}
 
 
-@pytest.fixture
-def segments():
-    """Remove what jobs whose ranks leave through os._exit left in /dev/shm."""
-    before = mpi_segments()
-    yield
-    remove_orphaned_segments(before)
-
-
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
 @pytest.mark.parametrize("scenario", ["sync", "split", "plan", "plan-bcast", "async", "torch-async"])
-def test_peer_stopped_after_posting(scenario, shared, segments):
+def test_peer_stopped_after_posting(scenario, shared):
     if scenario.startswith("torch"):
         pytest.importorskip("torch")
     env = {"DENSECCL_SHARED_AGREEMENT": shared}
@@ -47,7 +39,7 @@ def test_peer_stopped_after_posting(scenario, shared, segments):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("shared", ["1", "0"], ids=BOARD.get)
-def test_late_rank_never_agrees_with_an_abandoned_entry(shared, segments):
+def test_late_rank_never_agrees_with_an_abandoned_entry(shared):
     env = {"DENSECCL_SHARED_AGREEMENT": shared}
     done = run_ranks(2, RANKS / "stale.py", ["6"], timeout=120, env=env, expect_failure=None)
     expect_summaries(done.stdout, "stale", 2)
@@ -71,7 +63,7 @@ def test_close_with_work_in_flight(order, shared):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["env", "kwarg"])
-def test_abort_on_timeout_ends_the_job(how, segments):
+def test_abort_on_timeout_ends_the_job(how):
     started = time.monotonic()
     env = {"DENSECCL_ON_TIMEOUT": "abort"} if how == "env" else {}
     done = run_ranks(2, RANKS / "on_timeout.py", [how, "2", "60"], timeout=100, env=env, expect_failure=True)
@@ -94,7 +86,7 @@ def test_debug_log_names_the_agreement_path_and_each_call(shared, path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cleanup", [True, False], ids=["launcher-ends-job", "survivor-goes-on"])
-def test_peer_exits(cleanup, segments):
+def test_peer_exits(cleanup):
     if not cleanup and flavour(mpiexec()) == "openmpi":
         pytest.skip("hydra's -disable-auto-cleanup keeps the survivor running; Open MPI's launcher ends the job")
     started = time.monotonic()

@@ -16,6 +16,7 @@ import pytest
 
 from tests.mpi.summaries import expect_summaries
 from tests.support.ranks import ROOT, launch, mpiexec, run_ranks
+from tests.support.segments import Job
 
 pytestmark = pytest.mark.mpi
 
@@ -98,19 +99,16 @@ def test_ranks_in_a_cgroup_with_a_one_core_quota_are_crowded() -> None:
         environment.update(needs)
         command = [*start, sys.executable, str(SCRIPT), "1", "1"]
         enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
-        process = subprocess.Popen(
-            ["sh", "-c", enter, "sh", *command],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment,
-            start_new_session=True,
-        )
+        job = Job(["sh", "-c", enter, "sh", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                  env=environment)
+        process = job.process
         try:
             stdout, stderr = process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             stdout, stderr = process.communicate()
+        finally:
+            job.finish()
         assert process.returncode == 0, f"{stdout}\n{stderr}"
         expect_summaries(stdout, "pinning", 2)
     finally:

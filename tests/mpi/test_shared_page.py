@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ranks import ROOT, is_mpi_segment, kill_session, mpiexec
+from tests.support.checker import expect_summaries
+from tests.support.ranks import ROOT, mpiexec
+from tests.support.segments import is_mpi_segment, kill_session
 
 pytestmark = pytest.mark.mpi
 
@@ -54,6 +56,7 @@ def run_job(nranks: int, how: str) -> dict:
             found[key] = json.loads(value)
     assert set(found) == {"RUNNING", "LEFT", "READY"}, f"{stdout}\n{stderr}"
     assert found["READY"] == nranks, f"{stdout}\n{stderr}"
+    found["output"] = stdout
     return found
 
 
@@ -72,5 +75,6 @@ def test_a_killed_job_leaves_nothing_of_ours(nranks: int) -> None:
 @needs_private_shm
 def test_a_finished_job_leaves_nothing() -> None:
     found = run_job(2, "finish")
+    expect_summaries(found["output"], "busy", 2)
     assert not_mpis(found["RUNNING"]) == [], found
     assert found["LEFT"] == [], found  # the MPI library removes its own segments at MPI_Finalize

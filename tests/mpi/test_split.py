@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.checker import expect_summaries
 from tests.support.ranks import run_ranks
 
 pytestmark = pytest.mark.mpi
@@ -16,4 +17,4 @@ SCRIPT = Path(__file__).parent / "ranks" / "split.py"
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_split(nranks):
     result = run_ranks(nranks, SCRIPT, timeout=120)
-    assert result.stdout.count("split ok") == nranks, result.stdout
+    expect_summaries(result.stdout, "split", nranks)

@@ -4,7 +4,8 @@ stopping at the first, then prints one summary line per rank, which the tests re
     [name] rank r/n: OK (k checks passed)
     [name] rank r/n: FAILED f (k checks)      followed by "  rank r: <failure>" lines
 
-(``tests/mpi/summaries.py`` finds the lines by pattern; the torch tests count ``checks passed``.)
+(:func:`expect_summaries` and :func:`expect_passed` read them: one summary from every rank,
+each with at least one check and none failed.)
 Rank programs run as scripts with the repository root on ``PYTHONPATH``, as the launchers in
 ``tests/support/ranks.py`` and ``tests/torch/launchers.py`` start them.
 """
@@ -12,6 +13,7 @@ Rank programs run as scripts with the repository root on ``PYTHONPATH``, as the 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Type, Union
 
@@ -33,6 +35,12 @@ class Checker:
         if not condition:
             self.failures.append(message)
         return bool(condition)
+
+    def tally(self, checks: int, failures: Sequence[str]) -> None:
+        """Count ``checks`` made elsewhere (a test matrix that keeps its own tally), of which
+        ``failures`` failed."""
+        self.checks += checks
+        self.failures.extend(failures)
 
     def fail(self, message: str) -> None:
         """A check that failed (a path that must not be taken, an unexpected exception)."""
@@ -110,7 +118,27 @@ def _wildcarded(shape: Sequence[int], strides: Sequence[int]) -> Tuple[Optional[
     return tuple(None if n == 1 else s for n, s in zip(shape, strides))
 
 
+def summaries(stdout: str, name: str = r"[^\]]+") -> List[Tuple[str, int, int, str, int]]:
+    """Every summary line in ``stdout`` of a program called ``name`` (a pattern): (name, rank,
+    size, "OK" or "FAILED f", checks). Lines of different ranks may run together in a
+    launcher's merged output, so they are found by pattern, not by line."""
+    found = re.findall(rf"\[({name})\] rank (\d+)/(\d+): (OK|FAILED \d+) \((\d+) checks(?: passed)?\)", stdout)
+    return [(program, int(rank), int(size), status, int(checks)) for program, rank, size, status, checks in found]
+
+
+def expect_summaries(stdout: str, name: str, nranks: int) -> None:
+    """Each of ``nranks`` ranks of the program ``name`` printed one summary, and each passed
+    at least one check: a rank that checked nothing fails."""
+    found = [line for line in summaries(stdout, re.escape(name)) if line[2] == nranks]
+    assert sorted(rank for _, rank, _, _, _ in found) == list(range(nranks)), (
+        f"expected one summary [{name}] from each of {nranks} ranks:\n{stdout}"
+    )
+    assert all(status == "OK" and checks > 0 for _, _, _, status, checks in found), stdout
+
+
 def expect_passed(result: Any, nranks: int) -> None:
-    """Each of the ``nranks`` ranks of a finished job (a ``CompletedProcess``) printed a passing
-    summary line."""
-    assert result.stdout.count("checks passed") == nranks, result.stdout + result.stderr
+    """:func:`expect_summaries` for a finished job (a ``CompletedProcess``) of one program,
+    whatever its name."""
+    names = {program for program, _, size, _, _ in summaries(result.stdout) if size == nranks}
+    assert len(names) == 1, f"expected the summaries of one program on {nranks} ranks:\n{result.stdout}{result.stderr}"
+    expect_summaries(result.stdout + "\n" + result.stderr, names.pop(), nranks)

@@ -4,7 +4,8 @@ Rank programs are ordinary Python files that exit non-zero (an uncaught exceptio
 failed assert) when a check fails; ``run_ranks`` turns that into a test failure that shows
 every rank's output. A test that starts mpiexec itself builds its command with
 ``launch(mpiexec(), n)``, so that it runs under any MPI the suite is run with (``DENSECCL_MPI``,
-``DENSECCL_TEST_MPIEXEC``).
+``DENSECCL_TEST_MPIEXEC``), and starts it as a ``tests.support.segments.Job``, which removes
+the MPI library's shared memory its ranks leave behind.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from tests.support.segments import Job, kill_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,20 +60,6 @@ def launch(path: str, nranks: int) -> Tuple[List[str], Dict[str, str]]:
     return [path, "-n", str(nranks)], {}
 
 
-def kill_session(session: int) -> None:
-    """SIGKILL every process of ``session`` (a job started with ``start_new_session``): MPICH's
-    launcher gives each rank a process group of its own, so killing the launcher's group
-    leaves the ranks running."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry)) == session:
-                os.kill(int(entry), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def run_ranks(
     nranks: int,
     script: os.PathLike | str,
@@ -94,9 +82,8 @@ def run_ranks(
     environment.update(needs)
     environment.update(env or {})
     command = [*launcher, prefix[0], *mpiexec_flags, *prefix[1:], sys.executable, str(script), *map(str, args)]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True
-    )
+    job = Job(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = job.process
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -105,6 +92,8 @@ def run_ranks(
         raise AssertionError(
             f"{' '.join(command)} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
         ) from None
+    finally:
+        job.finish()
     result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     failed = process.returncode != 0
     if expect_failure is not None and failed != expect_failure:
@@ -112,40 +101,3 @@ def run_ranks(
             f"{' '.join(command)} exited with {process.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
         )
     return result
-
-
-# The MPI libraries' own shared-memory segments: MPICH's and Open MPI's (btl/sm, and vader
-# before Open MPI 5). A job whose ranks are killed leaves them behind.
-MPI_SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.")
-
-
-def is_mpi_segment(name: str) -> bool:
-    """Whether a /dev/shm entry is one of the MPI library's own segments (not denseccl's)."""
-    return name.startswith(MPI_SEGMENT_PREFIXES)
-
-
-def mpi_segments() -> set:
-    """The MPI library's shared-memory segments in /dev/shm now."""
-    shm = Path("/dev/shm")
-    return {path for path in shm.iterdir() if is_mpi_segment(path.name)} if shm.is_dir() else set()
-
-
-def remove_orphaned_segments(before: set) -> None:
-    """Remove the MPI segments that appeared since ``before`` and that no process maps any
-    more: a job whose ranks left through ``os._exit`` or were killed leaves them behind.
-    Segments of other jobs still running are mapped by them, so they stay."""
-    new = mpi_segments() - before
-    if not new:
-        return
-    names = {str(segment) for segment in new}
-    mapped = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            mapped.update(
-                path for line in maps.read_text().splitlines() if (path := line.split(maxsplit=5)[-1].strip()) in names
-            )
-        except OSError:
-            continue
-    for segment in new:
-        if str(segment) not in mapped:
-            segment.unlink(missing_ok=True)

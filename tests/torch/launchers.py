@@ -12,6 +12,7 @@ from typing import Dict, Optional, Sequence
 
 from denseccl.config import MPI_LAUNCH_VARIABLES
 from tests.support.ranks import ROOT
+from tests.support.segments import Job
 
 
 
@@ -30,14 +31,8 @@ def run(
     environment.setdefault("DENSECCL_TIMEOUT", "60")
     environment["PYTHONWARNINGS"] = "ignore"
     environment.update(env or {})
-    process = subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-        start_new_session=True,
-    )
+    job = Job(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+    process = job.process
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -46,11 +41,8 @@ def run(
         raise AssertionError(
             f"{' '.join(command)} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
         ) from None
-    finally:
-        try:  # ranks torchrun left behind (it kills its workers, but not on every path)
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    finally:  # kills the ranks torchrun left behind (it kills its workers, but not on every path)
+        job.finish()
     if expect_failure is not None and (process.returncode != 0) != expect_failure:
         raise AssertionError(
             f"{' '.join(command)} exited with {process.returncode}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"

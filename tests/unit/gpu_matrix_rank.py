@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import denseccl
 from tests.gpu import matrix
+from tests.support.checker import Checker
 
 
 def main() -> None:
@@ -20,13 +20,10 @@ def main() -> None:
     except ImportError:
         pass
     report = matrix.run_matrix(comm, libs)
-    print(json.dumps({"rank": comm.rank, **report.summary()}), flush=True)
-    if report.failures:
-        sys.exit(1)
-    comm.barrier()
-    if comm.rank == 0:
-        print("MATRIX OK", flush=True)
+    check = Checker("gpu_matrix", comm.rank, comm.size)
+    check.tally(report.checks, report.failures)
     comm.close()
+    check.finish()
 
 
 if __name__ == "__main__":

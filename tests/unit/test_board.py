@@ -89,7 +89,7 @@ def test_a_peer_that_never_arrives_times_out(monkeypatch: pytest.MonkeyPatch) ->
     started = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match="agreement step did not complete"):
         lonely.all_equal(5, False, time.monotonic() + 0.3)
-    assert 0.3 <= time.monotonic() - started < 5
+    assert 0.3 <= time.monotonic() - started < 15  # not before the deadline; the bound only catches a hang
 
 
 def test_a_peer_that_gave_up_fails_the_wait_at_once() -> None:
@@ -102,13 +102,37 @@ def test_a_peer_that_gave_up_fails_the_wait_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(CommunicatorBrokenError, match="rank 0 gave up"):
         second.all_equal(5, False, time.monotonic() + 30)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # well before its own 30 s timeout, however loaded the machine
+
+
+class Window:
+    """Stands in for the MPI window a board opened on real ranks: counts its unlocks."""
+
+    def __init__(self) -> None:
+        self.unlocked = 0
+
+    def Unlock_all(self) -> None:  # noqa: N802 - mpi4py's name
+        self.unlocked += 1
 
 
 def test_close_is_local_and_idempotent() -> None:
-    member = boards(2)[1]
+    """One rank closes alone (no peer takes part), releases its own views of the page and its
+    window once; a second close does nothing; the peer's board is untouched."""
+    page = mmap.mmap(-1, page_bytes(2))
+    window = Window()
+    peer, member = Board(page, 0, 2), Board(page, 1, 2, window=window)
     member.close()
+    assert window.unlocked == 1
+    with pytest.raises(ValueError, match="released"):
+        member.gave_up()
     member.close()
+    assert window.unlocked == 1
+    peer.give_up()
+    assert peer.gave_up() == 0
+    with pytest.raises(BufferError):  # the peer still holds views of the page
+        page.close()
+    peer.close()
+    page.close()  # no view of it is left
 
 
 @pytest.mark.parametrize("word, on", [("0", False), ("off", False), ("1", True), ("", True)])

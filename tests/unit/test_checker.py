@@ -3,10 +3,12 @@ is counted, a failing one is not, and a failure's message reaches the output."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.mpi.summaries import expect_summaries
-from tests.support.checker import Checker
+from tests.support.checker import Checker, expect_passed
 
 
 def summaries(capsys, outcomes):
@@ -49,3 +51,24 @@ def test_finish_exits_with_the_verdict(capsys):
     with pytest.raises(SystemExit) as leaving:
         check.finish()
     assert leaving.value.code == 1
+
+
+def test_a_rank_with_no_checks_fails(capsys):
+    """A summary of 0 checks is no pass, read either way."""
+    for rank in range(2):
+        Checker("demo", rank, 2).report()
+    out = capsys.readouterr().out
+    assert out.count("OK (0 checks passed)") == 2
+    with pytest.raises(AssertionError):
+        expect_summaries(out, "demo", 2)
+    with pytest.raises(AssertionError):
+        expect_passed(subprocess.CompletedProcess([], 0, out, ""), 2)
+
+
+def test_expect_passed_wants_every_rank_once(capsys):
+    out = summaries(capsys, [True, True])
+    expect_passed(subprocess.CompletedProcess([], 0, out, ""), 2)
+    with pytest.raises(AssertionError):  # a rank missing
+        expect_passed(subprocess.CompletedProcess([], 0, out, ""), 3)
+    with pytest.raises(AssertionError):  # a rank failed
+        expect_passed(subprocess.CompletedProcess([], 0, summaries(capsys, [True, False]), ""), 2)

@@ -14,6 +14,7 @@ import pytest
 
 from denseccl.errors import CollectiveTimeoutError, DenseCCLError
 from denseccl.backends.store import SoloControl, StoreControl, wait_for_keys
+from tests.support.checker import expect_summaries
 
 RANK_PROGRAM = Path(__file__).with_name("store_rank.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def run_ranks(port: int, scenario: str, size: int = 3) -> None:
         )
         for rank in range(size)
     ]
-    failures = []
+    failures, outputs = [], []
     for rank, process in enumerate(processes):
         try:
             out, err = process.communicate(timeout=120)
@@ -48,9 +49,11 @@ def run_ranks(port: int, scenario: str, size: int = 3) -> None:
             out, err = process.communicate()
             failures.append(f"rank {rank} hung\n{out}\n{err}")
             continue
+        outputs.append(out)
         if process.returncode != 0:
             failures.append(f"rank {rank} exited {process.returncode}\n{out}\n{err[-3000:]}")
     assert not failures, "\n".join(failures)
+    expect_summaries("\n".join(outputs), "store", size)
 
 
 def test_three_ranks(server):

@@ -6,7 +6,8 @@ usage: allreduce_pairs.py ROUNDS ITERS [BYTES]   (2 hosts x 2 ranks: 0, 1 on h0;
 Two pairs of ranks, (0, 1) on one host and (0, 2) on two, run in turn while the other ranks
 wait without spinning (a polled Ibarrier with sleeps), so the pair under test has the cores.
 Each round times every (pair, library) once, in an order that alternates between rounds; rank 0
-prints the median time of each and the ratios. Every result is checked against the exact sum.
+prints the median time of each and the ratios. Every result is checked against the exact sum;
+each rank ends with its summary (tests/support/checker.py).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import numpy as np
 from mpi4py import MPI
 
 import denseccl
+from tests.support.checker import Checker
 
 rounds, iters = int(sys.argv[1]), int(sys.argv[2])
 nbytes = int(sys.argv[3]) if len(sys.argv) > 3 else 16 << 20
 world = MPI.COMM_WORLD
 rank = world.Get_rank()
 assert world.Get_size() == 4, "run on 2 hosts x 2 ranks"
+check = Checker("allreduce_pairs", rank, 4)
 PAIRS = {"within a host": (0, 1), "across hosts": (0, 2)}
 raw = {name: world.Split(0 if rank in pair else MPI.UNDEFINED, rank) for name, pair in PAIRS.items()}
 dense = {name: denseccl.init(backend="mpi", comm=comm) if comm != MPI.COMM_NULL else None for name, comm in raw.items()}
@@ -54,13 +57,13 @@ def timed(pair: str, library: str) -> float:
             group.allreduce(x)
 
     once()  # warm-up
-    assert x[0] == 3 and x[-1] == 3, (pair, library, x[0])
+    check.check(x[0] == 3 and x[-1] == 3, f"{pair} {library} warm-up: {x[0]}, {x[-1]}")
     comm.Barrier()
     started = time.perf_counter()
     for _ in range(iters):
         once()
     elapsed = (time.perf_counter() - started) / iters
-    assert np.all(x == 3), (pair, library)
+    check.check(np.all(x == 3), f"{pair} {library}: not the exact sum")
     return elapsed
 
 
@@ -84,3 +87,9 @@ if rank == 0:
 for group in dense.values():
     if group is not None:
         group.close()
+whole = denseccl.init(backend="mpi", comm=world)  # every rank, the one in no pair too, checks one sum
+y = np.full(4, rank + 1.0)
+whole.allreduce(y)
+check.check(np.all(y == 10), f"allreduce over the 4 ranks gave {y}")
+whole.close()
+check.done()

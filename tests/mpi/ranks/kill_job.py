@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from tests.support.ranks import kill_session, launch
+from tests.support.ranks import launch
+from tests.support.segments import kill_session
 
 mpiexec, nranks, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 busy = Path(__file__).with_name("busy.py")
@@ -37,6 +38,7 @@ try:
     if how == "kill":  # every process of the job: launcher and ranks
         kill_session(job.pid)
     job.wait(timeout=60)
+    print(job.stdout.read(), flush=True)  # type: ignore[union-attr] - the ranks' summaries, if they finished
     time.sleep(0.5)  # the ranks are not our children: let the kernel finish them
 finally:
     kill_session(job.pid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import denseccl
+from tests.support.checker import Checker
 
 
 class Unreadable:
@@ -20,40 +21,37 @@ class Unreadable:
         raise RuntimeError("cannot expose this buffer")
 
 
-def expect(thunk, rank, deviant, local):  # type: ignore[no-untyped-def]
-    try:
-        thunk()
-    except local if rank == deviant else denseccl.MismatchError:
-        return
-    except Exception as error:  # noqa: BLE001
-        raise AssertionError(f"rank {rank} raised {type(error).__name__}: {error}") from None
-    raise AssertionError(f"rank {rank} raised nothing")
-
-
-def usable(comm) -> None:  # type: ignore[no-untyped-def]
-    assert comm.broken is None, comm.broken
+def usable(check: Checker, comm) -> None:  # type: ignore[no-untyped-def]
+    check.check(comm.broken is None, f"broken: {comm.broken}")
     y = np.ones(3)
     comm.allreduce(y)
-    assert np.all(y == comm.size), y
+    check.check(np.all(y == comm.size), f"allreduce afterwards gave {y}")
 
 
 def main() -> None:
     comm = denseccl.init(backend="mpi", timeout=20)
     rank, deviant = comm.rank, comm.size - 1
+    check = Checker("local_errors", rank, comm.size)
+    # the deviant rank raises its local error, the others MismatchError
+    expected = denseccl.LayoutError if rank == deviant else denseccl.MismatchError
     # the object's own error becomes a LayoutError naming it (tests/mpi/test_protocol_errors.py)
-    expect(
-        lambda: comm.allreduce(Unreadable() if rank == deviant else np.zeros(3)), rank, deviant, denseccl.LayoutError
+    check.raises(
+        "an unreadable array on the last rank",
+        expected,
+        lambda: comm.allreduce(Unreadable() if rank == deviant else np.zeros(3)),
     )
-    usable(comm)
-    expect(lambda: comm.split(-1 if rank == deviant else 0), rank, deviant, denseccl.ArgumentError)
-    usable(comm)
+    usable(check, comm)
+    expected = denseccl.ArgumentError if rank == deviant else denseccl.MismatchError
+    check.raises("split colour -1 on the last rank", expected, lambda: comm.split(-1 if rank == deviant else 0))
+    usable(check, comm)
     part = comm.split(0, key=rank)  # a valid split still works afterwards
-    assert part is not None and part.size == comm.size and part.rank == rank
-    usable(part)
-    part.close()
+    check.check(part is not None and part.size == comm.size and part.rank == rank, "a valid split afterwards")
+    if part is not None:
+        usable(check, part)
+        part.close()
     comm.close()
-    print(f"rank {rank}: local errors ok", flush=True)
+    check.done()
 
 
 if __name__ == "__main__":
-    main()  # a failed assert exits non-zero with its traceback
+    main()

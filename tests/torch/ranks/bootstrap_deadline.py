@@ -51,10 +51,14 @@ def step() -> None:
 if mode == "subgroup":
     dt.init_process_group(timeout=120)
     dist.barrier()
+    check.check(dist.get_world_size() == size, f"the world group has {dist.get_world_size()} ranks, not {size}")
+else:  # the premise: nothing joined a process group before the step under test
+    check.check(not dist.is_initialized(), "a process group exists before the step")
 if launched_by_mpi():  # the timeouts start together, so the waiting ranks report together
-    MPI.COMM_WORLD.Barrier()
+    joined = MPI.COMM_WORLD.allreduce(1)
+    check.check(joined == size, f"{joined} of {size} ranks reached the start")
 if rank == skipper:
-    check.report()  # the skipper only waits: it has nothing to check
+    check.report()  # before the sleep: the job ends when the waiting ranks leave
     time.sleep(seconds + 20)
     os._exit(0)
 started = time.monotonic()

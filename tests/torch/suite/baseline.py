@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from tests.support.ranks import mpi_segments, remove_orphaned_segments
+from tests.support.segments import Job
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -49,16 +49,15 @@ def run_driver(
         if mpiexec is not None:
             command = [mpiexec, "-n", str(world_size), sys.executable, str(DRIVER), "--mpi", "--out", out, *names]
         log = open(os.path.join(scratch, "log"), "w+")
-        before = mpi_segments()
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=scratch, start_new_session=True
-        )
+        job = Job(command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=scratch)
+        process = job.process
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            remove_orphaned_segments(before)
+        finally:
+            job.finish()
         records: Dict[str, Dict[str, object]] = {}
         if os.path.exists(out):
             with open(out) as f:
