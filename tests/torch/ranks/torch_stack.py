@@ -90,8 +90,8 @@ def concatenated(layout: str, blocks: int) -> torch.Tensor:
 
 
 def spellings() -> None:
-    gathers = {"all_gather_single": dist.all_gather_single, "all_gather_into_tensor": dist.all_gather_into_tensor}
-    scatters = {"reduce_scatter_single": dist.reduce_scatter_single, "reduce_scatter_tensor": dist.reduce_scatter_tensor}
+    gathers = {name: getattr(dist, name) for name in ("all_gather_single", "all_gather_into_tensor")}
+    scatters = {name: getattr(dist, name) for name in ("reduce_scatter_single", "reduce_scatter_tensor")}
     for layout, form, async_op in itertools.product(("channels-last", "permuted"), ("concat", "stack"), (False, True)):
         shape = LAYOUTS[layout][0]
         out_of = stacked_output if form == "stack" else concatenated
@@ -104,7 +104,8 @@ def spellings() -> None:
             if async_op:
                 work.wait()
             warns(what, name, start)
-            check.equal(what, out, join([values(seed, r, shape, torch.float32) for r in range(size)]), strides=out.stride())
+            want = join([values(seed, r, shape, torch.float32) for r in range(size)])
+            check.equal(what, out, want, strides=out.stride())
         for name, call in scatters.items():
             what = f"{name} {layout} {form}{' async' if async_op else ''}"
             seed = next(seeds)
@@ -213,13 +214,12 @@ def dtensor_2d(mesh) -> None:
         check.equal(f"{what}: full_tensor", d.full_tensor(), x)
     d = distribute_tensor(x, mesh, [Shard(1), Shard(1)])
     check.equal("DTensor [Shard(1), Shard(1)]: full_tensor", d.full_tensor(), x)
-    local = like(torch.empty(shape).to(memory_format=CL), values(seed + 1, rank, shape, torch.float32))
-    grid = torch.arange(size).view(mesh.size(0), mesh.size(1))
-    column = grid[:, coordinate[1]].tolist()  # the ranks that share this rank's tp coordinate
+    # partial sums over mesh dim 0, the same value along mesh dim 1 (Replicate)
+    local = like(torch.empty(shape).to(memory_format=CL), values(seed + 1, coordinate[0], shape, torch.float32))
     partial = DTensor.from_local(local, mesh, [Partial(), Replicate()])
-    total = torch.stack([values(seed + 1, r, shape, torch.float64) for r in column]).sum(0)
-    check.equal("DTensor [Partial, Replicate] -> Replicate", partial.redistribute(mesh, [Replicate(), Replicate()]).to_local(),
-                total, tol=1e-5)
+    total = torch.stack([values(seed + 1, i, shape, torch.float64) for i in range(mesh.size(0))]).sum(0)
+    replicated = partial.redistribute(mesh, [Replicate(), Replicate()]).to_local()
+    check.equal("DTensor [Partial, Replicate] -> Replicate", replicated, total, tol=1e-5)
     check.equal("DTensor [Partial, Replicate] -> [Shard(1), Shard(3)]",
                 partial.redistribute(mesh, [Shard(1), Shard(3)]).to_local(),
                 chunk(chunk(total, 1, mesh.size(0), coordinate[0]), 3, mesh.size(1), coordinate[1]), tol=1e-5)
