@@ -199,6 +199,9 @@ def dtensor_1d(mesh) -> None:
                     chunk(total, dim, size, rank), tol=1e-5)
     averaged = DTensor.from_local(local, mesh, [Partial("avg")]).full_tensor()
     check.equal("DTensor Partial(avg) full_tensor", averaged, total / size, tol=1e-5)
+    largest = DTensor.from_local(local, mesh, [Partial("max")]).full_tensor()
+    every = torch.stack([values(seed, r, shape, torch.float32) for r in range(size)])
+    check.equal("DTensor Partial(max) full_tensor", largest, every.amax(0), strides=largest.stride())
 
 
 def dtensor_2d(mesh) -> None:
@@ -283,10 +286,14 @@ def tensor_parallel(mesh) -> None:
 
 
 def fsdp(mesh) -> None:
+    group = mesh.get_group()
+    staged = group.staged_operations
     model = shard_layers(Net(), mesh)
     check.check(model.up.weight.placements == (Shard(0),), f"FSDP2 shards dim 0: {model.up.weight}")
     train(model, size, rank)
     compare("FSDP2", model)
+    moved = group.staged_operations - staged
+    check.check(moved == 0, f"FSDP2's gathers and reduce-scatters move their buffers directly: {moved} staged")
 
 
 def hsdp(mesh) -> None:
