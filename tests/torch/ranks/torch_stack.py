@@ -5,12 +5,14 @@ process with the same seed and data):
 - both spellings of the single-tensor collectives (``all_gather_single`` /
   ``all_gather_into_tensor``, ``reduce_scatter_single`` / ``reduce_scatter_tensor``), in the
   concatenated and stacked forms, on channels-last and permuted tensors, synchronous, async and
-  coalesced; no warning comes from denseccl's code;
+  coalesced, with the functional all_to_all_single; no deprecation besides the program's own
+  calls of the old names, and no warning from denseccl's code;
 - on 2 ranks: a 1-D DeviceMesh, DTensor (Shard on every dim of a channels-last tensor, even
   and uneven, resharding, Partial -> Replicate and -> Shard), tensor parallel
-  (``ColwiseParallel`` / ``RowwiseParallel``) training and FSDP2 (``fully_shard``) training;
-- on 4 ranks: a 2x2 DeviceMesh, DTensor on both mesh dims, and FSDP2 over one mesh dim with
-  tensor parallel over the other.
+  (``ColwiseParallel`` / ``RowwiseParallel``) training, sequence parallel with
+  ``loss_parallel``, and FSDP2 (``fully_shard``) training;
+- on 4 ranks: a 2x2 DeviceMesh, DTensor on both mesh dims, HSDP (FSDP2 on the 2-D mesh), and
+  FSDP2 over one mesh dim with tensor parallel over the other.
 
 Run with mpiexec -n N or torchrun --nproc-per-node N, N = 2 or 4."""
 
@@ -29,7 +31,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed._functional_collectives import all_to_all_single
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 import denseccl
 
@@ -285,6 +293,46 @@ def tensor_parallel(mesh) -> None:
     compare("tensor parallel", model)
 
 
+class Block(nn.Module):
+    """A transformer-style block on (batch, sequence, hidden) activations, with a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.norm, self.up, self.down = nn.LayerNorm(8), nn.Linear(8, 16), nn.Linear(16, 8)
+        self.classify = nn.Linear(8, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.down(torch.relu(self.up(self.norm(x)))))
+
+
+def sequence_and_loss_parallel(mesh) -> None:
+    """Sequence parallel (activations sharded on dim 1, the sequence, outside the MLP) and a
+    classifier whose logits stay sharded on the class dim under ``loss_parallel``: the loss and
+    every gradient equal those of the block run alone."""
+    plan = {
+        "norm": SequenceParallel(),
+        "up": ColwiseParallel(input_layouts=Shard(1)),
+        "down": RowwiseParallel(output_layouts=Shard(1)),
+        "classify": ColwiseParallel(input_layouts=Shard(1), use_local_output=False),
+    }
+    model, reference = parallelize_module(Block(), mesh, plan), Block()
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 2 * size, 8, generator=generator)
+    target = torch.randint(0, 6, (2, 2 * size), generator=generator)
+    logits = model(x.chunk(size, dim=1)[rank])
+    check.check(logits.placements == (Shard(2),), f"loss_parallel logits are sharded on the classes: {logits}")
+    with loss_parallel():
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+        loss.backward()
+    want = nn.functional.cross_entropy(reference(x).flatten(0, 1), target.flatten())
+    want.backward()
+    check.equal("sequence and loss parallel: loss", loss.full_tensor(), want, tol=1e-5)
+    for name, param in reference.named_parameters():
+        grad = model.get_parameter(name).grad
+        check.equal(f"sequence and loss parallel: {name}.grad", grad.full_tensor(), param.grad, tol=1e-5)
+
+
 def fsdp(mesh) -> None:
     group = mesh.get_group()
     staged = group.staged_operations
@@ -335,6 +383,7 @@ else:
     dtensor_1d(mesh)
     functional_all_to_all(mesh)
     tensor_parallel(mesh)
+    sequence_and_loss_parallel(mesh)
     fsdp(mesh)
 dist.destroy_process_group()
 unexpected = [
