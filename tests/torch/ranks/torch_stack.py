@@ -3,7 +3,8 @@ reference that plain torch computes alone (from every rank's inputs, or a model 
 process with the same seed and data):
 
 - both spellings of the single-tensor collectives (``all_gather_single`` /
-  ``all_gather_into_tensor``, ``reduce_scatter_single`` / ``reduce_scatter_tensor``), in the
+  ``all_gather_into_tensor``, ``reduce_scatter_single`` / ``reduce_scatter_tensor``, and the
+  private ``_all_gather_base`` / ``_reduce_scatter_base`` torch also deprecates), in the
   concatenated and stacked forms, on channels-last and permuted tensors, synchronous, async and
   coalesced, with the functional all_to_all_single; no deprecation besides the program's own
   calls of the old names, and no warning from denseccl's code;
@@ -53,7 +54,9 @@ check = Checker(f"torch-stack-{size}", rank, size)
 torch.set_num_threads(1)
 CL = torch.channels_last
 seeds = itertools.count(1)
-DEPRECATED = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
+GATHERS = ("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
+SCATTERS = ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+DEPRECATED = {name: names[0] for names in (GATHERS, SCATTERS) for name in names[1:]}  # old name -> successor
 DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 PACKAGE = os.path.dirname(denseccl.__file__)
 own_warnings: list = []  # the FutureWarnings of the program's own deprecated calls
@@ -98,8 +101,8 @@ def concatenated(layout: str, blocks: int) -> torch.Tensor:
 
 
 def spellings() -> None:
-    gathers = {name: getattr(dist, name) for name in ("all_gather_single", "all_gather_into_tensor")}
-    scatters = {name: getattr(dist, name) for name in ("reduce_scatter_single", "reduce_scatter_tensor")}
+    gathers = {name: getattr(dist, name) for name in GATHERS}
+    scatters = {name: getattr(dist, name) for name in SCATTERS}
     for layout, form, async_op in itertools.product(("channels-last", "permuted"), ("concat", "stack"), (False, True)):
         shape = LAYOUTS[layout][0]
         out_of = stacked_output if form == "stack" else concatenated
