@@ -259,6 +259,8 @@ class TorchDistributed(Contender):
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         import torch.distributed as dist  # noqa: PLC0415
 
+        from ..torch.spellings import all_gather_single, reduce_scatter_single  # noqa: PLC0415
+
         group = self.job.torch_group(self.backend)
         lib = TorchLib(self.device if self.device == "cpu" else f"cuda:{self.job.local_rank % _cuda_count()}")
         c, shape, n, root = case.collective, case.shape, case.nranks, case.root
@@ -270,7 +272,7 @@ class TorchDistributed(Contender):
             out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
             flat = _merge_dim0(out)
             if flat is not None:
-                return Run(lib, lambda: dist.all_gather_into_tensor(flat, x, group=group), [x], out)
+                return Run(lib, lambda: all_gather_single(flat, x, group=group), [x], out)
             blocks = list(out.unbind(0))
             return Run(lib, lambda: dist.all_gather(blocks, x, group=group), [x], out)
         if c == "reduce_scatter":
@@ -278,7 +280,7 @@ class TorchDistributed(Contender):
             out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
             flat = _merge_dim0(x)
             if flat is not None:
-                return Run(lib, lambda: dist.reduce_scatter_tensor(out, flat, op=op, group=group), [x], out)
+                return Run(lib, lambda: reduce_scatter_single(out, flat, op=op, group=group), [x], out)
             blocks = list(x.unbind(0))
             return Run(lib, lambda: dist.reduce_scatter(out, blocks, op=op, group=group), [x], out)
         x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)

@@ -12,7 +12,7 @@ Rows (each a 64 MiB float32 allreduce unless said otherwise):
 * ``backend``: ``dist.all_reduce`` through the denseccl backend;
 * ``gloo``: ``dist.all_reduce`` on a gloo group of the same ranks, same tensor layout;
 * ``gloo-contiguous``: gloo on a row-major tensor (gloo's best case);
-* ``*-transposed``: the same on a transposed 2-D tensor; ``*-gather``: all_gather_into_tensor
+* ``*-transposed``: the same on a transposed 2-D tensor; ``*-gather``: all_gather_single
   into a channels-last output.
 
 Ways of measuring: ``loop`` (the project benchmark's: a barrier, then ``iters`` calls back to back,
@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ..config import launched_by_mpi
 from . import init_process_group
+from .spellings import all_gather_single
 
 
 def _channels_last(numel: int) -> torch.Tensor:
@@ -74,8 +75,8 @@ def main() -> None:
         "gloo-contiguous": lambda: dist.all_reduce(flat, group=gloo),
         "backend-transposed": lambda: dist.all_reduce(square),
         "gloo-transposed": lambda: dist.all_reduce(square, group=gloo),
-        "backend-gather": lambda: dist.all_gather_into_tensor(gathered, small),
-        "gloo-gather": lambda: dist.all_gather_into_tensor(gathered, small, group=gloo),
+        "backend-gather": lambda: all_gather_single(gathered, small),
+        "gloo-gather": lambda: all_gather_single(gathered, small, group=gloo),
         "backend-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last)),
         "gloo-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last), group=gloo),
     }

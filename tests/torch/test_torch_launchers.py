@@ -43,6 +43,12 @@ def test_ddp_grad_layout_under_torchrun():
     assert "36 DDP configurations" in result.stdout
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_modern_torch_stack_under_torchrun(n):
+    """DeviceMesh, DTensor, FSDP2, tensor parallel and both spellings over the gloo engine."""
+    expect_passed(torchrun(n, RANKS / "torch_stack.py", timeout=240), n)
+
+
 def test_numpy_init_under_torchrun():
     expect_passed(torchrun(3, RANKS / "numpy_torchrun.py", timeout=240), 3)
 

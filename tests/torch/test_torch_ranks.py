@@ -49,8 +49,12 @@ def test_ddp_grad_layout():
     assert "36 DDP configurations" in result.stdout
 
 
-def test_fsdp2_matches_single_process_training():
-    expect_passed(run_ranks(2, RANKS / "fsdp.py", timeout=180), 2)
+@pytest.mark.parametrize("n", [2, 4])
+def test_modern_torch_stack(n):
+    """DeviceMesh, DTensor, FSDP2, tensor parallel (2 ranks: 1-D mesh; 4: 2x2 with HSDP and
+    FSDP2 x TP) and both spellings of the single-tensor gather and reduce-scatter, each against
+    single-process results (tests/torch/ranks/torch_stack.py)."""
+    expect_passed(run_ranks(n, RANKS / "torch_stack.py", timeout=240), n)
 
 
 def test_ddp_example_runs_as_documented():
