@@ -191,6 +191,21 @@ class GlooTransport(_GlooGroup, Transport):
     device_memory = False
     dtypes = _TORCH
 
+    #: the non-root reduce's copy, kept for the next call: a new one per call would have all
+    #: its pages faulted in again each time (a copy of a large tensor is mapped afresh); None
+    #: while a call holds it (a call meanwhile makes its own)
+    _spare: Optional[torch.Tensor] = None
+
+    def _take_spare(self, nbytes: int) -> torch.Tensor:
+        spare, self._spare = self._spare, None
+        if spare is None or spare.numel() < nbytes:
+            spare = torch.empty(nbytes, dtype=torch.uint8)
+        return spare
+
+    def _return_spare(self, spare: torch.Tensor) -> None:
+        if self._spare is None or self._spare.numel() < spare.numel():
+            self._spare = spare
+
     def _op(self, op: Op, dtype: DType) -> Any:
         return _GLOO_OPS[reduction_kind(op, dtype)]
 
@@ -236,8 +251,13 @@ class GlooTransport(_GlooGroup, Transport):
             finish = self._finish(op, target)
         else:  # gloo writes partial results into a non-root rank's tensor: give it a copy
             source = span_tensor(send, count, dtype)
-            target = source * _factor(op, dtype) if isinstance(op, PreMulSum) else source.clone()
-            finish = None
+            spare = self._take_spare(count * dtype.itemsize)
+            target = spare[: count * dtype.itemsize].view(_TORCH[dtype.name])
+            if isinstance(op, PreMulSum):
+                torch.mul(source, _factor(op, dtype), out=target)
+            else:
+                target.copy_(source)
+            finish = lambda: self._return_spare(spare)  # noqa: E731
         options = c10d.ReduceOptions()
         options.reduceOp = self._op(op, dtype)
         options.rootRank = root
@@ -274,6 +294,10 @@ class GlooTransport(_GlooGroup, Transport):
 
     def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
         return self._split(color, key, None)
+
+    def close(self) -> None:
+        self._spare = None
+        super().close()
 
 
 def _split_members(
