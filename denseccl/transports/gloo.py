@@ -192,19 +192,24 @@ class GlooTransport(_GlooGroup, Transport):
     dtypes = _TORCH
 
     #: the non-root reduce's copy, kept for the next call: a new one per call would have all
-    #: its pages faulted in again each time (a copy of a large tensor is mapped afresh); None
-    #: while a call holds it (a call meanwhile makes its own)
-    _spare: Optional[torch.Tensor] = None
+    #: its pages faulted in again each time (a copy of a large tensor is mapped afresh). At most
+    #: one is kept; a call holds it alone (list.pop is atomic: two threads never take the same)
+    _spares: List[torch.Tensor]
+
+    def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
+        super().__init__(group, store, prefix, timeout)
+        self._spares = []
 
     def _take_spare(self, nbytes: int) -> torch.Tensor:
-        spare, self._spare = self._spare, None
-        if spare is None or spare.numel() < nbytes:
-            spare = torch.empty(nbytes, dtype=torch.uint8)
-        return spare
+        try:
+            spare = self._spares.pop()
+        except IndexError:  # none kept, or another call holds it
+            return torch.empty(nbytes, dtype=torch.uint8)
+        return spare if spare.numel() >= nbytes else torch.empty(nbytes, dtype=torch.uint8)
 
     def _return_spare(self, spare: torch.Tensor) -> None:
-        if self._spare is None or self._spare.numel() < spare.numel():
-            self._spare = spare
+        if not self._spares:
+            self._spares.append(spare)
 
     def _op(self, op: Op, dtype: DType) -> Any:
         return _GLOO_OPS[reduction_kind(op, dtype)]
@@ -296,7 +301,7 @@ class GlooTransport(_GlooGroup, Transport):
         return self._split(color, key, None)
 
     def close(self) -> None:
-        self._spare = None
+        self._spares.clear()
         super().close()
 
 
