@@ -1,5 +1,5 @@
 """Speed through torch.distributed: the denseccl backend against the direct denseccl call and
-against gloo, on the same tensors, in alternating rounds (medians), two ways of measuring.
+against gloo, on the same tensors, in alternating rounds (medians), three ways of measuring.
 
 Run under either launcher (the backend then uses MPI or the gloo engine)::
 
@@ -13,7 +13,8 @@ Rows (each a 64 MiB float32 allreduce unless said otherwise):
 * ``gloo``: ``dist.all_reduce`` on a gloo group of the same ranks, same tensor layout;
 * ``gloo-contiguous``: gloo on a row-major tensor (gloo's best case);
 * ``*-transposed``: the same on a transposed 2-D tensor; ``*-gather``: all_gather_into_tensor
-  into a channels-last output.
+  into a channels-last output; ``*-distinct`` and ``*-fresh``: the backend and gloo measured the
+  other two ways.
 
 Ways of measuring: ``loop`` (the project benchmark's: a barrier, then ``iters`` calls back to back,
 the mean per call, averaged over ranks), ``distinct`` (each call on a tensor of its own, all made
@@ -22,9 +23,8 @@ address cannot reuse what a call on the same tensor set up) and ``fresh`` (each 
 allocated tensor, as a script that builds its tensor inside the timed loop does: the first touch
 of 64 MiB of new pages is then part of every call). The ``faults`` column is the minor page faults
 per call (the most of any rank, median of the rounds; the making of the tensors is in the ``fresh``
-rows only, as in their times): a
-temporary as large as the tensor made per call shows there as thousands of pages, whatever the
-machine's load.
+rows only, as in their times): a temporary as large as the tensor made per call shows there as
+thousands of pages, whatever the machine's load.
 """
 
 from __future__ import annotations
