@@ -1,5 +1,5 @@
 """Speed through torch.distributed: the denseccl backend against the direct denseccl call and
-against gloo, on the same tensors, in alternating rounds (medians), two ways of measuring.
+against gloo, on the same tensors, in alternating rounds (medians), three ways of measuring.
 
 Run under either launcher (the backend then uses MPI or the gloo engine)::
 
@@ -13,20 +13,28 @@ Rows (each a 64 MiB float32 allreduce unless said otherwise):
 * ``gloo``: ``dist.all_reduce`` on a gloo group of the same ranks, same tensor layout;
 * ``gloo-contiguous``: gloo on a row-major tensor (gloo's best case);
 * ``*-transposed``: the same on a transposed 2-D tensor; ``*-gather``: all_gather_single
-  into a channels-last output.
+  into a channels-last output; ``*-distinct`` and ``*-fresh``: the backend and gloo measured the
+  other two ways.
 
 Ways of measuring: ``loop`` (the project benchmark's: a barrier, then ``iters`` calls back to back,
-the mean per call, averaged over ranks) and ``fresh`` (each call on a newly allocated tensor, as a
-script that builds its tensor inside the timed loop does: the first touch of 64 MiB of new pages
-is then part of every call).
+the mean per call, averaged over ranks), ``distinct`` (each call on a tensor of its own, all made
+before the timing: a script that makes a new tensor per call, without the making; a call on a new
+address cannot reuse what a call on the same tensor set up) and ``fresh`` (each call on a newly
+allocated tensor, as a script that builds its tensor inside the timed loop does: the first touch
+of 64 MiB of new pages is then part of every call). The ``faults`` column is the minor page faults
+per call (the most of any rank, median of the rounds; the making of the tensors is in the ``fresh``
+rows only, as in their times): a temporary as large as the tensor made per call shows there as
+thousands of pages, whatever the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import resource
 import statistics
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -41,13 +49,25 @@ def _channels_last(numel: int) -> torch.Tensor:
     return torch.ones(1, 64, side, numel // (64 * side)).to(memory_format=torch.channels_last)
 
 
-def _mean_over_ranks(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, group=_GLOO[0])
-    return float(t) / dist.get_world_size()
+def _over_ranks(seconds: float, faults: int) -> Tuple[float, int]:
+    """The mean of the ranks' seconds and the most page faults of any rank."""
+    mean, most = torch.tensor([seconds], dtype=torch.float64), torch.tensor([faults], dtype=torch.float64)
+    dist.all_reduce(mean, group=_GLOO[0])
+    dist.all_reduce(most, group=_GLOO[0], op=dist.ReduceOp.MAX)
+    return float(mean) / dist.get_world_size(), int(most)
+
+
+def _repeated(step: Callable[[], object], n: int) -> List[Callable[[], object]]:
+    return [step] * n
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 _GLOO: List[dist.ProcessGroup] = []
+#: a row: given n, the n calls of one timed round (what they run on is made before the timing)
+Calls = Callable[[int], List[Callable[[], object]]]
 
 
 def main() -> None:
@@ -68,7 +88,14 @@ def main() -> None:
     gathered = torch.empty(dist.get_world_size() * cl.shape[0], *cl.shape[1:]).to(memory_format=torch.channels_last)
     small = cl.new_ones(cl.shape).to(memory_format=torch.channels_last)
 
-    rows: Dict[str, Callable[[], object]] = {
+    def distinct(group: Optional[dist.ProcessGroup]) -> Calls:
+        def calls(n: int) -> List[Callable[[], object]]:
+            tensors = [_channels_last(numel) for _ in range(n)]
+            return [functools.partial(dist.all_reduce, t, group=group) for t in tensors]
+
+        return calls
+
+    steps: Dict[str, Callable[[], object]] = {
         "direct": lambda: direct.allreduce(cl),
         "backend": lambda: dist.all_reduce(cl),
         "gloo": lambda: dist.all_reduce(cl, group=gloo),
@@ -80,38 +107,46 @@ def main() -> None:
         "backend-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last)),
         "gloo-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last), group=gloo),
     }
+    #: name -> the calls of one round, made before its timing starts
+    rows: Dict[str, Calls] = {name: functools.partial(_repeated, step) for name, step in steps.items()}
+    rows["backend-distinct"], rows["gloo-distinct"] = distinct(None), distinct(gloo)
     usable = {}
-    for name, step in rows.items():
+    for name, calls in rows.items():
         try:
-            step()
-            usable[name] = step
+            calls(1)[0]()
+            usable[name] = calls
         except Exception as error:  # noqa: BLE001 - a contender that cannot run this layout says why
             if rank == 0:
                 print(f"{name}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
     names = list(usable)
     found: Dict[str, List[float]] = {name: [] for name in names}
+    faults: Dict[str, List[int]] = {name: [] for name in names}
     for k in range(args.rounds):
         for i in range(len(names)):
             name = names[(k + i) % len(names)]
-            step = usable[name]
-            step()  # warm-up
+            usable[name](1)[0]()  # warm-up
+            round_calls = usable[name](args.iters)
             dist.barrier(group=gloo)
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                step()
-            found[name].append(_mean_over_ranks((time.perf_counter() - start) / args.iters))
+            before, start = _minor_faults(), time.perf_counter()
+            for call in round_calls:
+                call()
+            seconds, faulted = (time.perf_counter() - start) / args.iters, (_minor_faults() - before) // args.iters
+            del round_calls
+            seconds, faulted = _over_ranks(seconds, faulted)
+            found[name].append(seconds)
+            faults[name].append(faulted)
     if rank == 0:
         engine = "MPI" if launched_by_mpi() else "gloo engine"
         print(f"{dist.get_world_size()} ranks, {args.mib:g} MiB float32, backend's CPU engine: {engine}; "
-              f"median of {args.rounds} alternating rounds of {args.iters} calls (ms)")
+              f"median of {args.rounds} alternating rounds of {args.iters} calls (ms; faults: pages per call)")
         medians = {name: statistics.median(values) * 1e3 for name, values in found.items()}
         for name, ms in medians.items():
             spread = f"{min(found[name]) * 1e3:.1f}-{max(found[name]) * 1e3:.1f}"
-            print(f"  {name:20s} {ms:8.2f}   rounds {spread}")
+            print(f"  {name:20s} {ms:8.2f}   rounds {spread:15s} faults {statistics.median(faults[name]):7.0f}")
         pairs = (
             ("backend", "direct"), ("gloo", "backend"), ("gloo-contiguous", "backend"),
             ("gloo-transposed", "backend-transposed"), ("gloo-gather", "backend-gather"),
-            ("gloo-fresh", "backend-fresh"), ("backend-fresh", "backend"),
+            ("gloo-distinct", "backend-distinct"), ("gloo-fresh", "backend-fresh"), ("backend-fresh", "backend"),
         )
         for a, b in pairs:
             if a in medians and b in medians:

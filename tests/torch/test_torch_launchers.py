@@ -55,3 +55,7 @@ def test_numpy_init_under_torchrun():
 
 def test_adapter_errors_on_one_rank_raise_everywhere_under_torchrun():
     expect_passed(torchrun(3, RANKS / "adapter_errors.py", timeout=240, env={"DENSECCL_TIMEOUT": "30"}), 3)
+
+
+def test_repeated_calls_touch_no_new_memory_under_torchrun():
+    expect_passed(torchrun(2, RANKS / "repeated_calls.py", timeout=180), 2)

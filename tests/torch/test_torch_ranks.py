@@ -73,3 +73,10 @@ def test_shutdown_with_a_receive_in_flight():
     """destroy_process_group with a receive whose sender never sends: the communicators the
     receive may still use are kept, and later MPI calls work (Open MPI crashed here)."""
     expect_passed(run_ranks(2, RANKS / "shutdown_in_flight.py", timeout=120), 2)
+
+
+def test_repeated_calls_touch_no_new_memory():
+    """Issue 20: a repeated synchronous all_reduce / reduce of a 64 MiB channels-last tensor
+    through the backend replays the core's plan, so MPI allocates no temporary per call (a
+    fresh 64 MiB temporary per call cost its page faults every time)."""
+    expect_passed(run_ranks(2, RANKS / "repeated_calls.py", timeout=180), 2)

@@ -192,6 +192,26 @@ class GlooTransport(_GlooGroup, Transport):
     device_memory = False
     dtypes = _TORCH
 
+    #: the non-root reduce's copy, kept for the next call: a new one per call would have all
+    #: its pages faulted in again each time (a copy of a large tensor is mapped afresh). At most
+    #: one is kept; a call holds it alone (list.pop is atomic: two threads never take the same)
+    _spares: List[torch.Tensor]
+
+    def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
+        super().__init__(group, store, prefix, timeout)
+        self._spares = []
+
+    def _take_spare(self, nbytes: int) -> torch.Tensor:
+        try:
+            spare = self._spares.pop()
+        except IndexError:  # none kept, or another call holds it
+            return torch.empty(nbytes, dtype=torch.uint8)
+        return spare if spare.numel() >= nbytes else torch.empty(nbytes, dtype=torch.uint8)
+
+    def _return_spare(self, spare: torch.Tensor) -> None:
+        if not self._spares:
+            self._spares.append(spare)
+
     def _op(self, op: Op, dtype: DType) -> Any:
         return _GLOO_OPS[reduction_kind(op, dtype)]
 
@@ -237,8 +257,13 @@ class GlooTransport(_GlooGroup, Transport):
             finish = self._finish(op, target)
         else:  # gloo writes partial results into a non-root rank's tensor: give it a copy
             source = span_tensor(send, count, dtype)
-            target = source * _factor(op, dtype) if isinstance(op, PreMulSum) else source.clone()
-            finish = None
+            spare = self._take_spare(count * dtype.itemsize)
+            target = spare[: count * dtype.itemsize].view(_TORCH[dtype.name])
+            if isinstance(op, PreMulSum):
+                torch.mul(source, _factor(op, dtype), out=target)
+            else:
+                target.copy_(source)
+            finish = lambda: self._return_spare(spare)  # noqa: E731
         options = c10d.ReduceOptions()
         options.reduceOp = self._op(op, dtype)
         options.rootRank = root
@@ -275,6 +300,10 @@ class GlooTransport(_GlooGroup, Transport):
 
     def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
         return self._split(color, key, None)
+
+    def close(self) -> None:
+        self._spares.clear()
+        super().close()
 
 
 def _split_members(
