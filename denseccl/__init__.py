@@ -14,6 +14,7 @@ from .communicator import Communicator, Work
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError, MismatchError, OpError
 from .layout import Layout
 from .ops import PreMulSum, ReduceOp
+from .recorder import dump_all as dump_traces
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "PreMulSum",
     "ReduceOp",
     "Work",
+    "dump_traces",
     "init",
     "layout_of",
     "same_layout",

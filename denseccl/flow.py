@@ -36,6 +36,7 @@ from . import log, streams
 from .agreement import Descriptor, agree, digest, disagree
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .plans import Requests, compile_plan
+from .recorder import recorder_for
 from .transports.base import (
     DONE, UNPLANNED, WAITING, ControlChannel, Pending, Transport, abandon, deadline_after, wait_until,
 )
@@ -80,6 +81,8 @@ class Flow:
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
         self._all_equal, self._gave_up = control.fast_path()
+        #: the flight recorder of this communicator's calls (recorder.py), or None
+        self.recorder = recorder_for(self.rank, self.size, transport.name)
         weakref.finalize(self, _release_at_end, self.orphans, self.unfinished, self.requests)
 
     # -- the flow ----------------------------------------------------------------------------
@@ -133,6 +136,8 @@ class Flow:
             failure = self.transport.failure()
             if failure is None and self._gave_up[0]:
                 failure = f"rank {self.control.peer_gave_up()} gave up on a collective (it timed out)"
+                if self.recorder:
+                    self.recorder.broke(failure)
             self.broken = failure
         return self.broken
 
@@ -142,6 +147,8 @@ class Flow:
     def agree(self, descriptor: Descriptor, value: Optional[int] = None) -> None:
         """The agreement step (when checking and there are peers); ``value``: the descriptor's
         digest when the caller has it."""
+        if self.recorder:
+            self.recorder.record(descriptor)
         if self.check and self.size > 1:
             try:  # agreement.agree, with the channel's own all_equal
                 value = digest(descriptor) if value is None else value
@@ -154,6 +161,8 @@ class Flow:
     def fail(self, collective: str, error: BaseException) -> NoReturn:
         """Raise ``error`` after taking part in the agreement as invalid, so that every peer
         raises too (a MismatchError naming this rank's problem) instead of waiting."""
+        if self.recorder:
+            self.recorder.refused(Descriptor(collective), error)
         if self.check and self.size > 1:
             try:
                 agree(self.control, Descriptor(collective), self.deadline(), error)
@@ -251,6 +260,8 @@ class Flow:
         failure or an interrupted wait (not after a local or agreement error, which leave it
         usable). After a timeout this rank gives up: it tells its peers, and with
         ``on_timeout="abort"`` ends the whole job."""
+        if self.recorder:
+            self.recorder.failed(error)
         if isinstance(error, CollectiveTimeoutError):
             first = self.broken is None
             self.broken = self.broken or f"timed out: {error}"

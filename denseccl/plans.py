@@ -112,6 +112,7 @@ def compile_plan(
     control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
     all_equal, gave_up = control.fast_path()
     requests = flow.requests
+    record = flow.recorder.record if flow.recorder else None
     entries, create, drop = requests.entries, requests.create, requests.drop
     peers = flow.size > 1
     waiting, monotonic, sched_yield = WAITING, time.monotonic, os.sched_yield
@@ -122,6 +123,8 @@ def compile_plan(
             flow.usable()
         address = pointer_of(x) + offset
         key = None
+        if record is not None:
+            record(descriptor)
         try:
             if setup is not None and (flow.check or not peers):
                 key = (value, address)
