@@ -65,7 +65,7 @@ def summarize(dumps: Dict[int, Dict[str, Any]]) -> List[str]:
     for rank in sorted(calls):
         for seq, call in sorted(calls[rank].items()):
             if call["state"] == "failed":
-                lines.append(f"  rank {rank}: call #{seq} ({describe(call)}) failed: {call['error']}")
+                lines.append(f"  rank {rank}: call #{seq} ({describe(call)}) failed: {call['error'].splitlines()[0]}")
             elif call["state"] == "started":
                 lines.append(f"  rank {rank}: call #{seq} ({describe(call)}) had not completed")
     lines += _differences(calls)
