@@ -23,8 +23,8 @@ variable                       meaning                                          
                                waits for peers (auto: yield, then sleep on
                                doorbells when the host's ranks share cores,
                                else spin briefly)
-``DENSECCL_TRACE_BUFFER``      calls each communicator's flight recorder        1024
-                               keeps (0: no recorder)
+``DENSECCL_TRACE_BUFFER``      calls each communicator's flight recorder        0
+                               keeps (0: no recorder; e.g. 1024)
 ``DENSECCL_TRACE_DIR``         where the recorder's dumps go (on a timeout,     temp dir
                                a peer that gave up, or on request)
 =============================  ===============================================  ==========
@@ -43,8 +43,9 @@ from .errors import DenseCCLError
 
 #: seconds a rank waits for its peers unless told otherwise
 DEFAULT_TIMEOUT = 300.0
-#: calls each communicator's flight recorder keeps unless told otherwise (recorder.py)
-DEFAULT_TRACE_BUFFER = 1024
+#: calls each communicator's flight recorder keeps unless told otherwise (recorder.py): none, as
+#: it costs several percent of a small call's time (docs/debugging.md)
+DEFAULT_TRACE_BUFFER = 0
 
 #: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
 MPI_LAUNCH_VARIABLES = (

@@ -112,7 +112,7 @@ def compile_plan(
     control, settle, note_failure, deadline = flow.control, flow.settle, flow.note_failure, flow.deadline
     all_equal, gave_up = control.fast_path()
     requests = flow.requests
-    record = flow.recorder.record if flow.recorder else None
+    append, sequence = flow.recorder.fast_path() if flow.recorder else (None, int)
     entries, create, drop = requests.entries, requests.create, requests.drop
     peers = flow.size > 1
     waiting, monotonic, sched_yield = WAITING, time.monotonic, os.sched_yield
@@ -123,8 +123,10 @@ def compile_plan(
             flow.usable()
         address = pointer_of(x) + offset
         key = None
-        if record is not None:
-            record(descriptor)
+        began = 0.0
+        if append is not None:  # the flight recorder (recorder.py); its clock reading serves the deadline too
+            began = monotonic()
+            append((sequence(), descriptor, began))
         try:
             if setup is not None and (flow.check or not peers):
                 key = (value, address)
@@ -132,7 +134,7 @@ def compile_plan(
                 agreed = SAME
                 if peers:
                     timeout = flow.timeout
-                    until = None if timeout is None else monotonic() + timeout
+                    until = None if timeout is None else (began or monotonic()) + timeout
                     agreed = all_equal(value, False, until, 0 if entry is None else entry[0])
                     if not agreed:
                         disagree(control, descriptor, deadline())

@@ -8,9 +8,10 @@ marks the call it belongs to (its error and time). A call is ``started`` until i
 have ended: a synchronous call has ended once its caller made the next call or asked for a dump;
 a call started with ``async_op=True`` once its Work completed.
 
-The cost per call is one method call that stores a reference to the call's descriptor (built
-once per geometry and kept by its plan) and one clock reading in preallocated slots; nothing is
-formatted until a dump. ``DENSECCL_TRACE_BUFFER`` sets how many calls each communicator keeps
+The cost per call is one append of ``(sequence, descriptor, start)`` to a bounded deque: the
+descriptor is a reference (built once per geometry and kept by its plan), the start is the
+clock reading the agreement step takes for its deadline anyway; nothing is formatted until a
+dump. ``DENSECCL_TRACE_BUFFER`` sets how many calls each communicator keeps
 (0: none), ``DENSECCL_TRACE_DIR`` where dumps go. The dumps of every rank are read together by
 ``python -m denseccl.trace_summary DIR``, which says which rank is
 behind, at which call, and where the ranks' descriptors differ (docs/debugging.md).
@@ -18,14 +19,14 @@ behind, at which call, and where the ranks' descriptors differ (docs/debugging.m
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
 import socket
-import threading
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from . import config, log
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError
@@ -44,35 +45,40 @@ class Recorder:
     creates the same communicators in the same order)."""
 
     __slots__ = (
-        "rank", "size", "backend", "number", "capacity", "descriptors", "started", "count", "failures",
-        "unfinished", "dumped", "lock", "__weakref__",
+        "rank", "size", "backend", "number", "capacity", "ring", "sequence", "failures", "unfinished", "dumped",
+        "__weakref__",
     )
 
     def __init__(self, rank: int, size: int, backend: str, capacity: int) -> None:
         self.rank, self.size, self.backend = rank, size, backend
         self.number = next(_numbers)
         self.capacity = capacity
-        #: slot ``seq % capacity``: the descriptor of call ``seq`` and when it began (time.monotonic)
-        self.descriptors: List[Any] = [None] * capacity
-        self.started: List[float] = [0.0] * capacity
-        #: calls recorded so far; the next call's sequence
-        self.count = 0
+        #: ``(sequence, descriptor, time.monotonic() when its agreement step began)`` of the last calls
+        self.ring: Deque[Tuple[int, Any, float]] = collections.deque(maxlen=capacity)
+        #: hands out the sequences, 0 first
+        self.sequence: Callable[[], int] = itertools.count().__next__
         #: sequence -> (error text, time.monotonic) of the calls that failed (only those in the ring)
         self.failures: Dict[int, Tuple[str, float]] = {}
         #: the sequences of calls started with async_op=True whose Work has not completed
         self.unfinished: Set[int] = set()
         #: the path of the dump written on failure, once written (one per communicator)
         self.dumped: Optional[str] = None
-        self.lock = threading.Lock()
         _live.add(self)
 
-    def record(self, descriptor: Any, _clock: Any = time.monotonic) -> None:
-        """Call ``count`` begins its agreement step with ``descriptor``."""
-        seq = self.count
-        slot = seq % self.capacity
-        self.descriptors[slot] = descriptor
-        self.started[slot] = _clock()
-        self.count = seq + 1
+    def fast_path(self) -> Tuple[Callable[[Tuple[int, Any, float]], None], Callable[[], int]]:
+        """What a replayed call binds once (plans.py): ``append((sequence(), descriptor, start))``
+        records it, with no Python call in between."""
+        return self.ring.append, self.sequence
+
+    def record(self, descriptor: Any) -> None:
+        """The next call begins its agreement step with ``descriptor``."""
+        self.ring.append((self.sequence(), descriptor, time.monotonic()))
+
+    @property
+    def count(self) -> int:
+        """The calls recorded so far (the next call's sequence)."""
+        ring = self.ring
+        return ring[-1][0] + 1 if ring else 0
 
     def refused(self, descriptor: Any, error: BaseException) -> None:
         """A call whose input failed validation on this rank (it still joins the agreement)."""
@@ -121,13 +127,10 @@ class Recorder:
     def entries(self) -> List[Dict[str, Any]]:
         """The calls in the ring, oldest first, as plain data (wall-clock times in seconds)."""
         offset = time.time() - time.monotonic()
-        first = max(self.count - self.capacity, 0)
         calls = []
-        for seq in range(first, self.count):
-            slot = seq % self.capacity
-            descriptor = self.descriptors[slot]
+        for seq, descriptor, started in self.ring.copy():  # one step: another thread may append meanwhile
             entry: Dict[str, Any] = dict(seq=seq, **_fields(descriptor))
-            entry["started"] = self.started[slot] + offset
+            entry["started"] = started + offset
             failure = self.failures.get(seq)
             if failure is not None:
                 entry.update(state="failed", error=failure[0], failed=failure[1] + offset)
@@ -138,12 +141,12 @@ class Recorder:
 
     def snapshot(self, reason: str) -> Dict[str, Any]:
         """The whole dump as plain data."""
-        with self.lock:
-            calls = self.entries()
+        calls = self.entries()
         return {
             "format": FORMAT, "rank": self.rank, "size": self.size, "communicator": self.number,
             "backend": self.backend, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
-            "written": time.time(), "capacity": self.capacity, "recorded": self.count, "calls": calls,
+            "written": time.time(), "capacity": self.capacity, "recorded": calls[-1]["seq"] + 1 if calls else 0,
+            "calls": calls,
         }
 
     def dump(self, directory: Optional[str] = None, reason: str = "on request") -> str:

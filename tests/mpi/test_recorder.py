@@ -37,7 +37,7 @@ def summary(folder: Path) -> str:
 
 
 def job(scenario: str, folder: Path, expect_failure=None):
-    env = {"DENSECCL_TRACE_DIR": str(folder)}
+    env = {"DENSECCL_TRACE_DIR": str(folder), "DENSECCL_TRACE_BUFFER": "64"}
     return run_ranks(3, RANKS / "recorder.py", [scenario, "3"], timeout=150, env=env, expect_failure=expect_failure)
 
 
