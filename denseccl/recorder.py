@@ -99,9 +99,12 @@ class Recorder:
         self.unfinished.discard(seq)
 
     def failed(self, error: BaseException) -> None:
-        """The call under way failed with ``error`` (the oldest Work still in flight, else the
-        latest call). A timeout, or a peer that gave up, writes the dump (once)."""
-        self._mark(min(self.unfinished) if self.unfinished else self.count - 1, error)
+        """The call under way failed with ``error``: the latest call while it has no Work and
+        has not failed yet (its agreement step or start failed), else the oldest Work still in
+        flight. A timeout, or a peer that gave up, writes the dump (once)."""
+        latest = self.count - 1
+        works = self.unfinished and (latest in self.unfinished or latest in self.failures)
+        self._mark(min(self.unfinished) if works else latest, error)
         if isinstance(error, (CollectiveTimeoutError, CommunicatorBrokenError)):
             self.broke(str(error))
 

@@ -18,7 +18,8 @@ def call(n: int) -> Descriptor:
     return Descriptor("allreduce", None, "sum", ("float32", (n, 3), (3, 1)))
 
 
-def test_ring_keeps_the_last_calls_in_order_with_their_states(tmp_path):
+def test_ring_keeps_the_last_calls_in_order_with_their_states(tmp_path, monkeypatch):
+    monkeypatch.setenv("DENSECCL_TRACE_DIR", str(tmp_path))
     ring = Recorder(1, 2, "mpi", 4)
     for n in range(6):
         ring.record(call(n))
@@ -31,8 +32,11 @@ def test_ring_keeps_the_last_calls_in_order_with_their_states(tmp_path):
     assert [c["shape"] for c in dump["calls"]] == [[3, 3], [4, 3], [5, 3], [6, 3]]
     assert [c["state"] for c in dump["calls"]] == ["completed", "completed", "failed", "started"]
     assert dump["calls"][2]["error"] == "MismatchError: ranks disagree" and ring.dumped is None
-    ring.ended(seq)
-    assert ring.entries()[-1]["state"] == "completed"
+    ring.record(call(7))
+    ring.failed(CollectiveTimeoutError("the agreement of call 7"))  # no Work yet: the latest call failed
+    ring.failed(CollectiveTimeoutError("the Work of call 6"))  # then the Work in flight
+    assert [c["state"] for c in ring.entries()[-2:]] == ["failed", "failed"]
+    assert ring.entries()[-1]["error"] == "CollectiveTimeoutError: the agreement of call 7"
 
 
 def test_a_timeout_dumps_once_into_the_trace_dir(tmp_path, monkeypatch):
