@@ -16,6 +16,7 @@ from .errors import (
 )
 from .layout import Layout
 from .ops import PreMulSum, ReduceOp
+from .recorder import dump_all as dump_traces
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "PreMulSum",
     "ReduceOp",
     "Work",
+    "dump_traces",
     "init",
     "layout_of",
     "same_layout",

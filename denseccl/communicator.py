@@ -17,7 +17,7 @@ from .agreement import Descriptor
 from .calls import Call, general, lookup, prepared, remember
 from .arrays import HOST, Buffer, allocate, as_buffer
 from .dtypes import DTYPES, DType
-from .errors import ArgumentError, LayoutError
+from .errors import ArgumentError, DenseCCLError, LayoutError
 from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
@@ -241,6 +241,17 @@ class Communicator:
         return Communicator(transport, control, check=flow.check, timeout=flow.timeout, on_timeout=flow.on_timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def dump_trace(self, directory: Optional[str] = None) -> str:
+        """Write this communicator's flight recorder (its last calls) to ``directory`` (default
+        ``DENSECCL_TRACE_DIR``) and return the file's path; ``python -m denseccl.trace_summary DIR``
+        reads every rank's dump (docs/debugging.md)."""
+        if self.flow.recorder is None:
+            raise DenseCCLError(
+                "this communicator has no flight recorder (DENSECCL_TRACE_BUFFER=0); set DENSECCL_TRACE_BUFFER to the "
+                "number of calls to keep before denseccl.init()"
+            )
+        return self.flow.recorder.dump(directory)
 
     @property
     def broken(self) -> Optional[str]:

@@ -24,6 +24,10 @@ variable                       meaning                                          
                                waits for peers (auto: yield, then sleep on
                                doorbells when the host's ranks share cores,
                                else spin briefly)
+``DENSECCL_TRACE_BUFFER``      calls each communicator's flight recorder        0
+                               keeps (0: no recorder; e.g. 1024)
+``DENSECCL_TRACE_DIR``         where the recorder's dumps go (on a timeout,     temp dir
+                               a peer that gave up, or on request)
 =============================  ===============================================  ==========
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Optional, Tuple, Union
@@ -39,6 +44,9 @@ from .errors import DenseCCLError
 
 #: seconds a rank waits for its peers unless told otherwise
 DEFAULT_TIMEOUT = 300.0
+#: calls each communicator's flight recorder keeps unless told otherwise (recorder.py): none, as
+#: it costs several percent of a small call's time (docs/debugging.md)
+DEFAULT_TRACE_BUFFER = 0
 
 # -- tuning: every constant that trades latency, memory or politeness, in one place ----------
 
@@ -110,6 +118,8 @@ _NAMES = (
     "DENSECCL_DEBUG",
     "DENSECCL_ON_TIMEOUT",
     "DENSECCL_WAIT",
+    "DENSECCL_TRACE_BUFFER",
+    "DENSECCL_TRACE_DIR",
 )
 
 Seconds = Union[None, int, float, datetime.timedelta]
@@ -128,6 +138,8 @@ class Settings:
     debug: str
     on_timeout: str
     wait: str
+    trace_buffer: int
+    trace_dir: Optional[str]
 
 
 def flag(word: Union[bool, str], what: str) -> bool:
@@ -205,7 +217,24 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         debug=debug,
         on_timeout=on_timeout,
         wait=wait,
+        trace_buffer=_count(values["DENSECCL_TRACE_BUFFER"], DEFAULT_TRACE_BUFFER, "DENSECCL_TRACE_BUFFER"),
+        trace_dir=(values["DENSECCL_TRACE_DIR"] or "").strip() or None,
     )
+
+
+def _count(raw: Optional[str], default: int, name: str) -> int:
+    if raw is None or not raw.strip():
+        return default
+    text = raw.strip()
+    if not text.isdigit():
+        raise DenseCCLError(f"{name} must be a whole number >= 0 (0 turns it off), got {raw!r}")
+    return int(text)
+
+
+def trace_dir() -> str:
+    """Where flight recorder dumps go: ``DENSECCL_TRACE_DIR``, else ``denseccl-trace`` in the
+    temporary directory (``TMPDIR``, else /tmp)."""
+    return settings().trace_dir or os.path.join(tempfile.gettempdir(), "denseccl-trace")
 
 
 def _word(raw: str, what: str) -> str:
@@ -245,6 +274,7 @@ def local_rank(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "DEFAULT_TRACE_BUFFER",
     "LOCAL_RANK_VARIABLES",
     "MPI_LAUNCH_VARIABLES",
     "Settings",
@@ -255,4 +285,5 @@ __all__ = [
     "seconds",
     "settings",
     "timeout",
+    "trace_dir",
 ]

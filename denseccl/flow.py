@@ -40,6 +40,7 @@ from .calls import Call
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .backends.base import ControlChannel, Pending, Transport, abandon
 from .wait import Test, deadline_after, soon, wait_until
+from .recorder import recorder_for
 from .work import Work
 
 T = TypeVar("T")
@@ -75,6 +76,8 @@ class Flow:
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
         self._gave_up = control.gave_up_flag()
+        #: the flight recorder of this communicator's calls (recorder.py), or None
+        self.recorder = recorder_for(self.rank, self.size, transport.name)
         weakref.finalize(self, _release_at_end, self.orphans, self.unfinished)
 
     # -- the flow ----------------------------------------------------------------------------
@@ -89,6 +92,8 @@ class Flow:
         recorded on ``stream``, the one the transfer runs on."""
         if self.broken is not None:
             self.usable()
+        if self.recorder:
+            self.recorder.record(call.descriptor)
         began = time.perf_counter() if call.tracing else 0.0
         try:
             if self.check and self.size > 1:
@@ -138,6 +143,8 @@ class Flow:
             failure = self.transport.failure()
             if failure is None and self._gave_up[0]:
                 failure = f"rank {self.control.peer_gave_up()} gave up on a collective (it timed out)"
+                if self.recorder:
+                    self.recorder.broke(failure)
             self.broken = failure
         return self.broken
 
@@ -148,6 +155,8 @@ class Flow:
         """The agreement step on ``descriptor`` alone, for a step that is not a collective of
         the engine (a split, the torch adapter's composite calls), when checking and there are
         peers."""
+        if self.recorder:
+            self.recorder.record(descriptor)
         if self.check and self.size > 1:
             try:
                 agree(self.control, descriptor, self.deadline())
@@ -158,6 +167,8 @@ class Flow:
     def fail(self, collective: str, error: BaseException) -> NoReturn:
         """Raise ``error`` after taking part in the agreement as invalid, so that every peer
         raises too (a MismatchError naming this rank's problem) instead of waiting."""
+        if self.recorder:
+            self.recorder.refused(Descriptor(collective), error)
         if self.check and self.size > 1:
             try:
                 agree(self.control, Descriptor(collective), self.deadline(), error)
@@ -255,6 +266,8 @@ class Flow:
         failure or an interrupted wait (not after a local or agreement error, which leave it
         usable). After a timeout this rank gives up: it tells its peers, and with
         ``on_timeout="abort"`` ends the whole job."""
+        if self.recorder:
+            self.recorder.failed(error)
         if isinstance(error, CollectiveTimeoutError):
             first = self.broken is None
             self.broken = self.broken or f"timed out: {error}"

@@ -22,7 +22,7 @@ class Work:
     completes or is dropped it is counted in its flow's ``unfinished``: a communicator closed
     meanwhile keeps its library communicator, which the transfer uses."""
 
-    __slots__ = ("_flow", "_pending", "_result", "_keep", "_done")
+    __slots__ = ("_flow", "_pending", "_result", "_keep", "_done", "_seq")
 
     def __init__(self, flow: "Flow", pending: Pending, result: Any, keep: Any) -> None:
         self._flow = flow
@@ -31,6 +31,7 @@ class Work:
         self._keep = keep  # the buffers the transfer reads and writes
         self._done = False
         flow.unfinished.append(True)
+        self._seq = flow.recorder.began_async() if flow.recorder else -1
 
     def wait(self, timeout: Seconds = None) -> Any:
         """Block until the collective has completed and return its result array.
@@ -60,6 +61,8 @@ class Work:
         if not self._done:
             self._done, self._keep = True, None
             self._flow.unfinished.pop()
+            if self._flow.recorder:
+                self._flow.recorder.ended(self._seq)
 
     @property
     def result(self) -> Any:
@@ -69,4 +72,6 @@ class Work:
     def __del__(self) -> None:
         if not self._done:  # nobody can wait for it any more: its communicator's flow will
             self._flow.unfinished.pop()
+            if self._flow.recorder:
+                self._flow.recorder.ended(self._seq)
             self._flow.adopt(self._pending, (self._keep, self._result))

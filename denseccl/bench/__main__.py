@@ -127,7 +127,7 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
             print(f"denseccl.bench: --contenders: {error}", file=sys.stderr)
         job.close()
         return 2
-    contenders = make(job, names, plan.agreement, notes)
+    contenders = make(job, names, plan.agreement, notes, plan.recorder)
     info = meta.gather(job.world)
     found_versions = meta.version_info() if lead else {}
     progress = Progress(args.progress) if lead else Silent()

@@ -1,7 +1,8 @@
 """The contenders measured side by side on the host (``--backend mpi``).
 
 * ``denseccl`` / ``denseccl-nocheck``: denseccl on the array as it is (any layout), with the
-  cross-rank agreement check on / off.
+  cross-rank agreement check on / off; ``...-recorder``: with the flight recorder
+  (``--recorder off,on`` measures what it costs).
 * ``mpi4py``: raw mpi4py on a contiguous array of the same size (the floor; contiguous rows only).
 * ``naive``: what one does without denseccl for a non-contiguous array: copy it to a contiguous
   one, call mpi4py, copy the result back (non-contiguous rows only).
@@ -78,16 +79,17 @@ def _host_lib(dtype: str) -> Any:
 class Denseccl(Contender):
     denseccl = True
 
-    def __init__(self, job: Job, check: bool) -> None:
+    def __init__(self, job: Job, check: bool, recorder: bool = False) -> None:
         super().__init__(job)
         self.check = check
-        self.name = "denseccl" if check else "denseccl-nocheck"
+        self.recorder = recorder
+        self.name = ("denseccl" if check else "denseccl-nocheck") + ("-recorder" if recorder else "")
 
     def lib(self, dtype: str) -> Any:
         return _host_lib(dtype)
 
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
-        comm = self.job.denseccl(self.check)
+        comm = self.job.denseccl(self.check, self.recorder)
         lib = self.lib(case.dtype)
         c, shape, n, op, root = case.collective, case.shape, case.nranks, case.op, case.root
         if c == "allgather":
@@ -341,12 +343,14 @@ def torch_contender(job: Job, row: str, notes: List[str], device: str = "cpu") -
 HOST_CONTENDERS = ("denseccl", "mpi4py", "naive", "gloo", "denseccl-torch")
 
 
-def host_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str]) -> List[Contender]:
+def host_contenders(
+    job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str], recorders: Sequence[bool] = (False,)
+) -> List[Contender]:
     """The requested host contenders that can run here (and a note for each that cannot)."""
     found: List[Contender] = []
     for name in names:
         if name == "denseccl":
-            found.extend(Denseccl(job, check) for check in checks)
+            found.extend(Denseccl(job, check, recorder) for check in checks for recorder in recorders)
         elif name in ("mpi4py", "naive"):
             found.append(RawMPI(job, naive=name == "naive"))
         elif name in ("gloo", "denseccl-torch"):

@@ -176,8 +176,11 @@ class Cupyx(Contender):
 DEVICE_CONTENDERS = ("denseccl", "nccl", "naive", "torch-nccl", "cupyx", "denseccl-torch")
 
 
-def device_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str]) -> List[Contender]:
-    """The requested GPU contenders that can run here (and a note for each that cannot)."""
+def device_contenders(
+    job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str], recorders: Sequence[bool] = (False,)
+) -> List[Contender]:
+    """The requested GPU contenders that can run here (and a note for each that cannot);
+    ``recorders`` is the host backend's (--recorder): device rows run without the recorder."""
     use_device(job)
     found: List[Contender] = []
     for name in names:

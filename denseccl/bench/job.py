@@ -6,9 +6,13 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .. import config
+
+
+#: calls the bench's recorded communicators keep unless DENSECCL_TRACE_BUFFER says
+RECORDED = "1024"
 
 
 class Job:
@@ -23,7 +27,7 @@ class Job:
         self.rank: int = self.world.Get_rank()
         self.size: int = self.world.Get_size()
         self.backend = backend
-        self._denseccl: Dict[bool, Any] = {}
+        self._denseccl: Dict[Tuple[bool, bool], Any] = {}
         self._torch_groups: Dict[str, Any] = {}
         self._torch_ready = False
         local = config.local_rank()
@@ -31,13 +35,25 @@ class Job:
 
     # -- denseccl ------------------------------------------------------------------------------
 
-    def denseccl(self, check: bool) -> Any:
-        comm = self._denseccl.get(check)
+    def denseccl(self, check: bool, recorder: bool = False) -> Any:
+        """denseccl's communicator with the agreement ``check`` on or off, with a flight
+        recorder (of ``DENSECCL_TRACE_BUFFER`` calls, else :data:`RECORDED`) or without."""
+        comm = self._denseccl.get((check, recorder))
         if comm is None:
             import denseccl  # noqa: PLC0415
 
-            comm = denseccl.init(self.backend, check="always" if check else "off")
-            self._denseccl[check] = comm
+            saved = os.environ.get("DENSECCL_TRACE_BUFFER")
+            os.environ["DENSECCL_TRACE_BUFFER"] = "0"
+            if recorder:
+                os.environ["DENSECCL_TRACE_BUFFER"] = saved if saved and saved.strip() not in ("", "0") else RECORDED
+            try:
+                comm = denseccl.init(self.backend, check="always" if check else "off")
+            finally:
+                if saved is None:
+                    os.environ.pop("DENSECCL_TRACE_BUFFER", None)
+                else:
+                    os.environ["DENSECCL_TRACE_BUFFER"] = saved
+            self._denseccl[(check, recorder)] = comm
         return comm
 
     # -- torch.distributed ---------------------------------------------------------------------

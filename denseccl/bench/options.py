@@ -30,6 +30,7 @@ class Plan(NamedTuple):
     layouts: List[str]
     sizes: List[int]
     agreement: List[bool]
+    recorder: List[bool]
     pin: Optional[str]
 
 
@@ -104,6 +105,12 @@ def parser() -> argparse.ArgumentParser:
         help="denseccl's cross-rank agreement check: on, off, or on,off for both (contenders denseccl and "
         "denseccl-nocheck)",
     )
+    own.add_argument(
+        "--recorder",
+        default="off",
+        help="denseccl's flight recorder (DENSECCL_TRACE_BUFFER, else 1024 calls): off (default), on, or off,on "
+        "for both in one run (the contenders with it are named ...-recorder; host backend)",
+    )
     own.add_argument("--backend", default="mpi", choices=("mpi", "nccl"), help="mpi: host arrays; nccl: GPU arrays")
     own.add_argument("--contenders", default="all", help="comma separated subset of the backend's contenders, or all")
     own.add_argument(
@@ -156,14 +163,14 @@ def _check_count(text: str) -> int:
         ) from None
 
 
-def agreement(text: str) -> List[bool]:
-    """``on``, ``off`` or ``on,off`` -> the agreement settings to run, in order."""
+def agreement(text: str, option: str = "--agreement") -> List[bool]:
+    """``on``, ``off`` or ``on,off`` -> the settings of ``option`` to run, in order."""
     words = {"on": True, "always": True, "off": False}
     found: List[bool] = []
     for word in text.split(","):
         word = word.strip().lower()
         if word not in words:
-            raise ValueError(f"--agreement takes on, off or on,off; got {text!r}")
+            raise ValueError(f"{option} takes on, off or on,off; got {text!r}")
         if words[word] not in found:
             found.append(words[word])
     return found
@@ -202,6 +209,7 @@ def plan(args: argparse.Namespace) -> Plan:
             cv.parse_size(args.minbytes), cv.parse_size(args.maxbytes), args.stepfactor, cv.parse_size(args.stepbytes)
         ),
         agreement=agreement(args.agreement),
+        recorder=agreement(args.recorder, "--recorder"),
         pin=args.pin,
     )
 
@@ -223,6 +231,7 @@ def described(args: argparse.Namespace) -> Dict[str, Any]:
         "collective": args.collective,
         "layouts": args.layouts,
         "agreement": args.agreement,
+        "recorder": args.recorder,
         "backend": args.backend,
         "contenders": args.contenders,
         "rounds": args.rounds,

@@ -1,0 +1,91 @@
+"""The flight recorder read back through its summary command: a rank that skipped a call, a
+stopped rank, a layout mismatch (3 real ranks each; rank program: ranks/recorder.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mpi.summaries import expect_summaries
+from tests.support.ranks import ROOT, mpi_segments, remove_orphaned_segments, run_ranks
+
+pytestmark = pytest.mark.mpi
+
+RANKS = Path(__file__).parent / "ranks"
+CALL = "allreduce op=sum float32 shape (4, 6) strides (6, 1)"
+
+
+@pytest.fixture
+def segments():
+    """Remove what jobs whose ranks leave through os._exit or are killed left in /dev/shm."""
+    before = mpi_segments()
+    yield
+    remove_orphaned_segments(before)
+
+
+def summary(folder: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "denseccl.trace_summary", str(folder)], capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def job(scenario: str, folder: Path, expect_failure=None):
+    env = {"DENSECCL_TRACE_DIR": str(folder), "DENSECCL_TRACE_BUFFER": "64"}
+    return run_ranks(3, RANKS / "recorder.py", [scenario, "3"], timeout=150, env=env, expect_failure=expect_failure)
+
+
+@pytest.mark.timeout(200)
+def test_summary_names_the_rank_that_skipped_a_call(tmp_path, segments):
+    done = job("skip", tmp_path)
+    expect_summaries(done.stdout, "recorder-skip", 3)
+    text = summary(tmp_path)
+    assert "calls recorded: rank 0: 5, rank 1: 5, rank 2: 4" in text, text
+    assert f"behind: rank 2 never made call #4 ({CALL}), which ranks 0, 1 made (its last call: #3)" in text, text
+    for rank in (0, 1):  # the call rank 2 never made failed on the others: a timeout, or the peer's give-up
+        assert f"rank {rank}: call #4 ({CALL}) failed: " in text, text
+    assert "rank 2: call #" not in text, text  # all of rank 2's own calls completed
+    assert "descriptors: every call the ranks' dumps share (#0-#3) is the same on every rank" in text, text
+
+
+@pytest.mark.timeout(200)
+def test_summary_names_a_stopped_rank(tmp_path, segments):
+    done = job("stop", tmp_path)
+    found = sorted(done.stdout.count(f"[recorder-stop] rank {rank}/3: OK") for rank in range(3))
+    assert found == [0, 1, 1] and "[recorder-stop] rank 1/3" not in done.stdout, done.stdout
+    text = summary(tmp_path)
+    assert "communicator 0: 3 ranks, dumps from ranks 0, 2" in text, text
+    assert (
+        f"behind: rank 1 wrote no dump (stopped, killed, or stuck outside denseccl): ranks 0, 2 failed in call #3 "
+        f"({CALL}) without it" in text
+    ), text
+    for rank in (0, 2):
+        assert f"rank {rank}: call #3 ({CALL}) failed: " in text, text
+    dump = json.loads((tmp_path / "comm0-rank0.json").read_text())
+    assert dump["reason"].startswith("failure: ") and [c["state"] for c in dump["calls"]] == ["completed"] * 3 + [
+        "failed"
+    ], dump
+
+
+@pytest.mark.timeout(200)
+def test_summary_shows_where_descriptors_differ(tmp_path):
+    done = job("mismatch", tmp_path, expect_failure=False)
+    expect_summaries(done.stdout, "recorder-mismatch", 3)
+    text = summary(tmp_path)
+    assert "no rank is behind: every rank made 5 calls" in text, text
+    assert (
+        "descriptors differ at call #2 (layout):\n"
+        f"    ranks 0, 2: {CALL}\n"
+        "    rank 1: allreduce op=sum float32 shape (4, 6) strides (1, 4)\n"
+    ) in text, text
+    assert "descriptors differ at call #" not in text.replace("descriptors differ at call #2", ""), text
+    for rank in range(3):
+        mine = CALL if rank != 1 else "allreduce op=sum float32 shape (4, 6) strides (1, 4)"
+        seen = f"failed: MismatchError: collective mismatch seen by rank {rank}: ranks disagree on layout."
+        assert f"rank {rank}: call #2 ({mine}) {seen}" in text, text
