@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.hosts.simhosts import SimHosts
-from tests.mpi.summaries import expect_summaries
+from tests.support.checker import expect_summaries
 
 pytestmark = [pytest.mark.mpi, pytest.mark.hosts]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.hosts.simhosts import SimHosts
-from tests.mpi.summaries import expect_summaries
+from tests.support.checker import expect_summaries
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.mpi, pytest.mark.torch, pytest.mark.hosts]

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.mpi.summaries import expect_summaries
+from tests.support.checker import expect_summaries
 from tests.support.ranks import run_ranks
 
 pytestmark = pytest.mark.mpi

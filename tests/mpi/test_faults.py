@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi.summaries import expect_summaries
+from tests.support.checker import expect_summaries
 from tests.support.ranks import flavour, mpiexec, run_ranks
 
 pytestmark = pytest.mark.mpi

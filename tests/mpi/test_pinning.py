@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi.summaries import expect_summaries
+from tests.support.checker import expect_summaries
 from tests.support.ranks import ROOT, launch, mpiexec, run_ranks
 from tests.support.segments import Job
 

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi.summaries import expect_summaries
-from tests.support.ranks import ROOT, mpi_segments, remove_orphaned_segments, run_ranks
+from tests.support.checker import expect_summaries
+from tests.support.ranks import ROOT, run_ranks
 
 pytestmark = pytest.mark.mpi
 
 RANKS = Path(__file__).parent / "ranks"
 CALL = "allreduce op=sum float32 shape (4, 6) strides (6, 1)"
-
-
-@pytest.fixture
-def segments():
-    """Remove what jobs whose ranks leave through os._exit or are killed left in /dev/shm."""
-    before = mpi_segments()
-    yield
-    remove_orphaned_segments(before)
 
 
 def summary(folder: Path) -> str:
@@ -42,7 +34,7 @@ def job(scenario: str, folder: Path, expect_failure=None):
 
 
 @pytest.mark.timeout(200)
-def test_summary_names_the_rank_that_skipped_a_call(tmp_path, segments):
+def test_summary_names_the_rank_that_skipped_a_call(tmp_path):
     done = job("skip", tmp_path)
     expect_summaries(done.stdout, "recorder-skip", 3)
     text = summary(tmp_path)
@@ -55,7 +47,7 @@ def test_summary_names_the_rank_that_skipped_a_call(tmp_path, segments):
 
 
 @pytest.mark.timeout(200)
-def test_summary_names_a_stopped_rank(tmp_path, segments):
+def test_summary_names_a_stopped_rank(tmp_path):
     done = job("stop", tmp_path)
     found = sorted(done.stdout.count(f"[recorder-stop] rank {rank}/3: OK") for rank in range(3))
     assert found == [0, 1, 1] and "[recorder-stop] rank 1/3" not in done.stdout, done.stdout

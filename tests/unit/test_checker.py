@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.mpi.summaries import expect_summaries
+from tests.support.checker import expect_summaries
 from tests.support.checker import Checker, expect_passed
 
 
