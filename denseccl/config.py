@@ -91,6 +91,14 @@ SPLIT_HALVES_BYTES = 1 << 20
 NOTE_PUSH_SECONDS = 0.2
 #: the longest single blocking wait on a key-value store; the deadline is checked between waits
 STORE_WAIT_SLICE = 30.0
+#: NCCL PreMulSum ops (ncclRedOpCreatePreMulSum) kept per NCCL communicator, one per factor and
+#: dtype; past this the least recently used is destroyed once the calls given it have returned
+PREMUL_CACHE = 64
+#: seconds an NCCL abort waits for a call inside NCCL to return before aborting under it
+ABORT_GRACE = 2.0
+#: elements per chunk of the host float16/bfloat16 kernels (backends/mpi/host_kernels.py): large
+#: enough to amortise NumPy's per-call cost, small enough for the chunk's scratch to stay in L2
+HOST_KERNEL_CHUNK = 1 << 15
 
 #: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
 MPI_LAUNCH_VARIABLES = (

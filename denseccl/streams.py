@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from .arrays import HOST, Buffer
-from .errors import LayoutError
+from .errors import ArgumentError
 
 
 class StreamRef(NamedTuple):
@@ -44,7 +44,7 @@ def stream_pointer(stream: Any) -> int:
     """The ``cudaStream_t`` of a stream given by the user: an int handle, a CuPy stream
     (``.ptr``), a torch stream (``.cuda_stream``) or any object with ``__cuda_stream__``."""
     if isinstance(stream, bool):
-        raise LayoutError(f"stream={stream!r} is not a CUDA stream")
+        raise ArgumentError(f"stream={stream!r} is not a CUDA stream")
     if isinstance(stream, int):
         return stream
     protocol = getattr(stream, "__cuda_stream__", None)
@@ -55,7 +55,7 @@ def stream_pointer(stream: Any) -> int:
         value = getattr(stream, attribute, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    raise LayoutError(
+    raise ArgumentError(
         f"stream={stream!r} is not a CUDA stream: pass a cupy.cuda.Stream, a torch.cuda.Stream, an object "
         "with __cuda_stream__, an integer cudaStream_t, or None for the array's current stream"
     )

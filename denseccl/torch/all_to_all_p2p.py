@@ -18,7 +18,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 
 from ..agreement import Descriptor
-from ..errors import LayoutError, MismatchError
+from ..errors import ArgumentError, LayoutError, MismatchError
 from ._issue import Issue
 from .progress import RequestStep, WorkStep
 
@@ -201,7 +201,9 @@ def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
             raise LayoutError(f"{what} dim 0 ({rows}) does not divide by the {size} ranks; pass split sizes")
         return [rows // size] * size
     if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise LayoutError(f"{what} split sizes {splits} must be {size} non-negative numbers summing to dim 0 ({rows})")
+        raise ArgumentError(
+            f"{what} split sizes {splits} must be {size} non-negative numbers summing to dim 0 ({rows})"
+        )
     return [int(s) for s in splits]
 
 
@@ -215,7 +217,7 @@ def alltoall(
         plan: dict = {}
         try:
             if len(outputs) != size or len(inputs) != size:
-                raise LayoutError(
+                raise ArgumentError(
                     f"all_to_all needs {size} input and {size} output tensors, got {len(inputs)} and {len(outputs)}"
                 )
             dtypes = {t.dtype for t in outputs + inputs}
@@ -252,7 +254,7 @@ def alltoall(
 def send(engine: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
         if len(tensors) != 1:
-            raise LayoutError(f"send takes one tensor, got {len(tensors)}")
+            raise ArgumentError(f"send takes one tensor, got {len(tensors)}")
         return [engine.send(tensors[0].contiguous(), dst, tag)], lambda: tensors
 
     return issue
@@ -264,7 +266,7 @@ def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
         if len(tensors) != 1:
-            raise LayoutError(f"recv takes one tensor, got {len(tensors)}")
+            raise ArgumentError(f"recv takes one tensor, got {len(tensors)}")
         out = tensors[0]
         target = _receive_buffer(out)
         step, source, received = engine.recv(target, src, tag)
@@ -274,7 +276,7 @@ def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[
             got = received()
             wanted = out.numel() * out.element_size()
             if got is not None and got != wanted:
-                raise LayoutError(
+                raise MismatchError(
                     f"recv from rank {source()} got {got} bytes into a tensor of {wanted} bytes "
                     f"({out.dtype}, shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
                 )

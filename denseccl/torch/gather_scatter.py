@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 
 from ..communicator import Communicator
-from ..errors import LayoutError
+from ..errors import ArgumentError, LayoutError
 from ..ops import OpLike, as_op
 from ._arguments import as_list, options
 from ._issue import Issue, chain, one_step, raising_everywhere, start_each
@@ -40,7 +40,7 @@ def _check_gather_list(
 ) -> None:
     """``many`` holds one tensor per rank, each of ``one``'s dtype, shape and device."""
     if len(many) != size:
-        raise LayoutError(f"{what}: the {inputs_word} has {len(many)} tensors; it needs one per rank ({size})")
+        raise ArgumentError(f"{what}: the {inputs_word} has {len(many)} tensors; it needs one per rank ({size})")
     for r, t in enumerate(many):
         if tuple(t.shape) != tuple(one.shape) or t.dtype != one.dtype:
             raise LayoutError(
@@ -48,7 +48,7 @@ def _check_gather_list(
                 f"{one.dtype} of shape {tuple(one.shape)}"
             )
         if t.device != one.device:
-            raise LayoutError(f"{what}: tensor {r} of the {inputs_word} is on {t.device}, not {one.device}")
+            raise ArgumentError(f"{what}: tensor {r} of the {inputs_word} is on {t.device}, not {one.device}")
 
 
 class GatherScatter:
@@ -77,7 +77,7 @@ class GatherScatter:
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather"):
                 if len(outputs) != len(inputs):
-                    raise LayoutError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
+                    raise ArgumentError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
                 for inp, outs in zip(inputs, outputs):
                     _check_gather_list(inp, outs, self._group_size, "allgather")
             works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
@@ -104,7 +104,7 @@ class GatherScatter:
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather_coalesced"):
                 if len(per_rank) != self._group_size or any(len(outs) != len(inputs) for outs in per_rank):
-                    raise LayoutError(
+                    raise ArgumentError(
                         f"allgather_coalesced: output_lists must hold {self._group_size} lists (one per rank) of "
                         f"{len(inputs)} tensors"
                     )
@@ -158,7 +158,9 @@ class GatherScatter:
             outputs, inputs = as_list(outputs), as_list(inputs)
             comm = self._communicator(inputs, "all_gather_into_tensor_coalesced")
             if len(outputs) != len(inputs):
-                raise LayoutError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+                raise ArgumentError(
+                    f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs"
+                )
         issues = [self._gather_single(comm, o, i) for o, i in zip(outputs, inputs)]
         return self._run("all_gather_into_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
 
@@ -182,7 +184,7 @@ class GatherScatter:
             stacks = []
             with raising_everywhere(comm, "reduce_scatter"):
                 if len(lists) != len(outputs):
-                    raise LayoutError(f"reduce_scatter: {len(lists)} input lists for {len(outputs)} outputs")
+                    raise ArgumentError(f"reduce_scatter: {len(lists)} input lists for {len(outputs)} outputs")
                 for out, ins in zip(outputs, lists):
                     _check_gather_list(out, ins, size, "reduce_scatter", inputs_word="input_list")
                     stack = stack_like(out, size)
@@ -253,7 +255,7 @@ class GatherScatter:
             comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
             op = as_op(opts.reduceOp)
             if len(outputs) != len(inputs):
-                raise LayoutError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
+                raise ArgumentError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
         issues = [self._scatter_single(comm, o, i, op) for o, i in zip(outputs, inputs)]
         return self._run("reduce_scatter_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
 
@@ -272,7 +274,7 @@ class GatherScatter:
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             with raising_everywhere(comm, "allgather"):
                 if len(inputs) != 1:
-                    raise LayoutError(f"gather takes one input tensor, got {len(inputs)}")
+                    raise ArgumentError(f"gather takes one input tensor, got {len(inputs)}")
                 if self._group_rank == root:
                     _check_gather_list(inputs[0], outs, self._group_size, "gather")
             work = comm.allgather(inputs[0], async_op=True)

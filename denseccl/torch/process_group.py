@@ -28,7 +28,7 @@ import torch._C._distributed_c10d as _c10d
 from .. import init as denseccl_init
 from ..agreement import Descriptor
 from ..communicator import Communicator
-from ..errors import DenseCCLError, LayoutError
+from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
 from ..backends.base import abandon
 from . import all_to_all_p2p, buckets
@@ -98,10 +98,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
         if not tensors:
-            raise LayoutError(f"{what}: no tensors given")
+            raise ArgumentError(f"{what}: no tensors given")
         kinds = {t.device.type for t in tensors}
         if len(kinds) != 1:
-            raise LayoutError(
+            raise ArgumentError(
                 f"{what}: tensors on different device types {sorted(kinds)}; pass tensors of one device type"
             )
         kind = kinds.pop()
@@ -111,7 +111,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             return self._host
         if kind == "cuda":
             return self._device_communicator(tensors[0].device)
-        raise LayoutError(f"{what}: tensors on {kind} are not supported by the denseccl backend (cpu and cuda are)")
+        raise ArgumentError(f"{what}: tensors on {kind} are not supported by the denseccl backend (cpu and cuda are)")
 
     def _device_communicator(self, device: torch.device) -> Communicator:
         """The NCCL communicator, created on the first CUDA collective (a collective step:
@@ -292,7 +292,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def _aux_comm(self, tensors: Sequence[torch.Tensor], what: str) -> Any:
         if any(t.device.type != "cpu" for t in tensors):
-            raise LayoutError(
+            raise ArgumentError(
                 f"{what} on {tensors[0].device.type} tensors is not supported by the denseccl backend: denseccl has "
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )

@@ -205,7 +205,7 @@ def ops_for(dtype: str, comm: Any) -> List[str]:
     (the common tables, then the transport's own check: its size, NCCL version and GPU). E.g.
     NCCL refuses PreMulSum(0.5) on fp8 with one rank on purpose, so the matrix does not try it."""
     from denseccl.dtypes import DTYPES
-    from denseccl.errors import LayoutError
+    from denseccl.errors import ArgumentError, OpError
     from denseccl.ops import as_op, check_op_for_dtype
 
     accepted = []
@@ -214,7 +214,7 @@ def ops_for(dtype: str, comm: Any) -> List[str]:
         try:
             check_op_for_dtype(reduce_op, DTYPES[dtype], comm.transport.dtypes, comm.backend)
             comm.transport.check_op(reduce_op, DTYPES[dtype])
-        except LayoutError:
+        except (ArgumentError, OpError):
             continue
         accepted.append(op)
     return accepted

@@ -21,7 +21,7 @@ from tests.gpu.support import (
 cupy = require_gpu()
 
 import denseccl  # noqa: E402
-from denseccl.errors import DenseCCLError, LayoutError  # noqa: E402
+from denseccl.errors import ArgumentError, DenseCCLError, LayoutError, OpError  # noqa: E402
 from tests.gpu import matrix  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def test_stream_argument_forms(comm):
     for form in (stream, stream.ptr):
         comm.allreduce(x, stream=form)
         stream.synchronize()
-    with pytest.raises(LayoutError, match="not a CUDA stream"):
+    with pytest.raises(ArgumentError, match="not a CUDA stream"):
         comm.allreduce(x, stream="default")
 
 
@@ -100,11 +100,11 @@ def test_torch_tensors_keep_layout_and_device(comm):
 
 
 def test_local_errors(comm):
-    with pytest.raises(LayoutError, match="backend='mpi'"):
+    with pytest.raises(ArgumentError, match="backend='mpi'"):
         comm.allreduce(np.ones(3, np.float32))
-    with pytest.raises(LayoutError, match="pairs of reals"):
+    with pytest.raises(OpError, match="pairs of reals"):
         comm.allreduce(cupy_from_host(np.ones(3, np.complex64)), "prod")
-    with pytest.raises(LayoutError, match="int16"):
+    with pytest.raises(ArgumentError, match="int16"):
         comm.allreduce(cupy_from_host(np.ones(3, np.int16)))
     z = cupy_from_host(np.arange(3, dtype=np.int16))
     comm.broadcast(z, 0)  # moved as bytes
@@ -159,7 +159,7 @@ def test_one_rank_fp8_avg_and_premul(comm):
         comm.allreduce(values, "avg")
         comm.allreduce(values, denseccl.PreMulSum(1.0))
         assert torch.equal(values.float(), expected.float()), name
-        with pytest.raises(LayoutError, match="one rank"):
+        with pytest.raises(OpError, match="one rank"):
             comm.allreduce(values, denseccl.PreMulSum(0.5))
     x = cupy_from_host(np.arange(4, dtype=np.float32))
     comm.allreduce(x, "avg")
@@ -173,7 +173,7 @@ def test_invalid_argument_leaves_the_communicator_usable(comm):
     from denseccl.ops import ReduceOp
 
     x = cupy_from_host(np.ones(4, np.float32))
-    with pytest.raises(LayoutError, match="NCCL refused the arguments of reduce"):
+    with pytest.raises(ArgumentError, match="NCCL refused the arguments of reduce"):
         comm.transport.reduce(x.data.ptr, x.data.ptr, 4, DTYPES["float32"], ReduceOp.SUM, 7)
     comm.allreduce(x)
     assert comm.broken is None and np.array_equal(cupy_to_host(x), np.ones(4))

@@ -117,6 +117,49 @@ def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(without_mpi_l
     pg.shutdown()
 
 
+def test_arguments_that_are_not_layouts_raise_argument_error(without_mpi_launch):
+    """A wrong list length, device or tensor count is an ArgumentError naming the argument; a
+    layout (an output of another shape, a gapped tensor) stays a LayoutError."""
+    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+    x = torch.ones(3)
+    with pytest.raises(denseccl.ArgumentError, match="output list has 2 tensors; it needs one per rank"):
+        pg.allgather([[torch.empty(3), torch.empty(3)]], [x]).wait()
+    with pytest.raises(denseccl.ArgumentError, match="2 output lists for 1 inputs"):
+        pg.allgather([[torch.empty(3)], [torch.empty(3)]], [x]).wait()
+    with pytest.raises(denseccl.ArgumentError, match="gather takes one input tensor, got 2"):
+        pg.gather([[torch.empty(3)]], [x, x], dist.GatherOptions()).wait()
+    with pytest.raises(denseccl.ArgumentError, match="no tensors given"):
+        pg.allreduce([]).wait()
+    with pytest.raises(denseccl.ArgumentError, match="tensors on meta are not supported"):
+        pg.allreduce([torch.empty(3, device="meta")]).wait()
+    with pytest.raises(denseccl.ArgumentError, match="no all-to-all or point-to-point on device"):
+        pg.send([torch.empty(3, device="meta")], 0)
+    with pytest.raises(denseccl.LayoutError, match="tensor 0 of the output list is torch.float32 of shape"):
+        pg.allgather([[torch.empty(4)]], [x]).wait()
+    with pytest.raises(denseccl.LayoutError, match="not non-overlapping and dense"):
+        pg.allreduce([torch.ones(6)[::2]]).wait()
+    pg.allreduce([x]).wait()  # still usable
+    assert torch.equal(x, torch.ones(3))
+    pg.shutdown()
+
+
+def test_all_to_all_and_point_to_point_argument_checks():
+    """Split sizes and tensor counts are arguments (ArgumentError), a dim 0 that does not divide
+    is the tensor's shape (LayoutError); all raise before the engine is touched."""
+    from denseccl.torch import all_to_all_p2p
+
+    with pytest.raises(denseccl.ArgumentError, match=r"input split sizes \[1, 1\] must be 3 non-negative numbers"):
+        all_to_all_p2p._splits([1, 1], 2, 3, "input")
+    with pytest.raises(denseccl.LayoutError, match="dim 0 \\(4\\) does not divide by the 3 ranks"):
+        all_to_all_p2p._splits([], 4, 3, "input")
+    assert all_to_all_p2p._splits([], 6, 3, "input") == [2, 2, 2]
+    with pytest.raises(denseccl.ArgumentError, match="send takes one tensor, got 2"):
+        all_to_all_p2p.send(None, [torch.ones(1), torch.ones(1)], 0, 0)()
+    issue, _source = all_to_all_p2p.recv(None, [], 0, 0)
+    with pytest.raises(denseccl.ArgumentError, match="recv takes one tensor, got 0"):
+        issue()
+
+
 # -- tensor layout helpers --------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ import pytest
 from denseccl import arrays, streams
 from denseccl.communicator import Communicator
 from denseccl.dtypes import DTYPES
-from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from denseccl.ops import PreMulSum, ReduceOp, check_op_for_dtype
 from denseccl.streams import StreamRef
 from denseccl.backends.store import SoloControl
@@ -54,7 +54,7 @@ def test_one_rank_fp8_avg_and_unit_premul_run_as_sum(dtype):
     transport.allreduce(100, 100, 8, dtype, PreMulSum(1.0), S)
     assert [call[5] for call in comm.calls] == [0, 0, 0, 0]  # ncclSum: one rank's sum is its input
     assert library.created == [] and transport.failure() is None
-    with pytest.raises(LayoutError, match=r"PreMulSum\(0.5\).*one rank.*x.mul_"):
+    with pytest.raises(OpError, match=r"PreMulSum\(0.5\).*one rank.*x.mul_"):
         transport.allreduce(100, 100, 8, dtype, PreMulSum(0.5), S)
     assert len(comm.calls) == 4 and transport.failure() is None
     transport.allreduce(100, 100, 8, dtype, ReduceOp.MAX, S)  # still usable
@@ -99,7 +99,7 @@ def test_the_gpu_fp8_test_skips_where_the_library_refuses_fp8(version, capabilit
         transport.check_op(ReduceOp.AVG, E4M3)
     else:
         assert skip in problem
-        with pytest.raises(LayoutError):  # what the GPU test would have hit instead of skipping
+        with pytest.raises(ArgumentError):  # what the GPU test would have hit instead of skipping
             check_op_for_dtype(ReduceOp.AVG, E4M3, transport.dtypes, "nccl")
             transport.check_op(ReduceOp.AVG, E4M3)
     transport.close()
@@ -118,7 +118,7 @@ def test_two_ranks_fp8_avg_stays_avg():
 def test_invalid_argument_leaves_the_communicator_usable(solo):
     x = HostCAI(np.ones(4, np.float32))
     solo.fake.fail_next = NcclError(4)
-    with pytest.raises(LayoutError, match="NCCL refused the arguments of allreduce.*stays usable"):
+    with pytest.raises(ArgumentError, match="NCCL refused the arguments of allreduce.*stays usable"):
         solo.allreduce(x)
     assert solo.broken is None and wait_for(lambda: solo.transport._watchdog.in_flight == 0)
     assert solo.allreduce(x) is x and solo.fake.calls[-1][0] == "allReduce"
@@ -219,7 +219,7 @@ def test_the_gpu_capture_sequence_on_the_fakes(settle):
         assert cuda.invalidated == set() and transport._watchdog.in_flight == 0
     else:  # the watchdog's poll breaks the capture; the call says so, and nothing else breaks
         assert wait_for(lambda: cuda.invalidated == {77})
-        with pytest.raises(LayoutError, match="invalidated"):
+        with pytest.raises(ArgumentError, match="invalidated"):
             transport.allreduce(1, 1, 4, F32, PreMulSum(2.0), S)
         assert cuda.invalidated == {77}
     cuda.capturing.clear()  # stream.end_capture()
@@ -258,11 +258,12 @@ def test_an_invalidated_capture_is_a_clear_error_not_a_broken_communicator(solo)
     x = HostCAI(np.ones(4, np.float32))
     solo.cuda.capturing.add(55)
     solo.cuda.invalidated.add(55)
-    with pytest.raises(LayoutError, match="capture of stream 0x37 into a CUDA graph was invalidated.*end_capture"):
+    with pytest.raises(ArgumentError, match="capture of stream 0x37 into a CUDA graph was invalidated.*end_capture"):
         solo.allreduce(x)
     solo.cuda.invalidated.clear()
     solo.cuda.capturing = {77}
-    with pytest.raises(LayoutError, match="legacy default stream.*cudaErrorStreamCaptureImplicit.*non-default stream"):
+    legacy = "legacy default stream.*cudaErrorStreamCaptureImplicit.*non-default stream"
+    with pytest.raises(ArgumentError, match=legacy):
         solo.allreduce(x, stream=0)
     assert solo.broken is None and solo.fake.calls == [] and solo.transport._inside == 0
     solo.cuda.capturing.clear()

@@ -18,7 +18,7 @@ import denseccl
 from denseccl import arrays, streams
 from denseccl.communicator import Communicator
 from denseccl.dtypes import DTYPES
-from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import cuda as nccl_events
@@ -70,11 +70,11 @@ def test_calls_map_to_one_nccl_call_each():
 
 def test_reducing_a_dtype_without_nccl_type_is_refused():
     transport, comm, _, _ = make()
-    with pytest.raises(LayoutError, match="int16"):
+    with pytest.raises(ArgumentError, match="int16"):
         transport.check_op(ReduceOp.SUM, I16)
-    with pytest.raises(LayoutError, match="int16"):
+    with pytest.raises(ArgumentError, match="int16"):
         transport.allreduce(1, 1, 1, I16, ReduceOp.SUM, S)
-    with pytest.raises(LayoutError, match="pairs of reals"):
+    with pytest.raises(OpError, match="pairs of reals"):
         transport.check_op(ReduceOp.PRODUCT, C64)
     assert comm.calls == []
 
@@ -89,9 +89,9 @@ def test_fp8_reductions_only_from_sm90(capability, reduces):
         transport.allreduce(100, 100, 8, e4m3, ReduceOp.MAX, S)
         assert comm.calls[-1] == ("allReduce", 100, 100, 8, 10, 2, 77)
     else:
-        with pytest.raises(LayoutError, match=r"sm90.*cuda:0 is \d\.\d"):
+        with pytest.raises(ArgumentError, match=r"sm90.*cuda:0 is \d\.\d"):
             transport.allreduce(100, 100, 8, e4m3, ReduceOp.MAX, S)
-        with pytest.raises(LayoutError, match="sm90"):
+        with pytest.raises(ArgumentError, match="sm90"):
             transport.check_op(ReduceOp.SUM, e4m3)
         assert comm.calls == []
     transport.broadcast(300, 5, e4m3, 0, S)
@@ -109,7 +109,7 @@ def test_stream_forms():
     transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, SimpleNamespace(cuda_stream=11))
     transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, SimpleNamespace(__cuda_stream__=lambda: (0, 12)))
     assert [call[-1] for call in comm.calls] == [55, 9, 10, 11, 12]
-    with pytest.raises(LayoutError, match="not a CUDA stream"):
+    with pytest.raises(ArgumentError, match="not a CUDA stream"):
         transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, "default")
 
 
@@ -393,7 +393,7 @@ def test_torch_tensors_resolve_torchs_current_stream(monkeypatch):
     buffer = arrays.Buffer(1, None, 0, "torch", False, None)
     assert streams.current_stream(buffer) == StreamRef(7, "torch", 0) and seen == [("torch", 0)]
     assert streams.current_stream(buffer, SimpleNamespace(cuda_stream=9)) == StreamRef(9, "torch", 0)
-    with pytest.raises(LayoutError):
+    with pytest.raises(ArgumentError, match="not a CUDA stream"):
         streams.stream_pointer(True)
 
 
@@ -407,13 +407,13 @@ def test_communicator_allgather_and_reduce_scatter_with_out(device_comm):
 
 
 def test_communicator_refuses_before_calling_nccl(device_comm, monkeypatch):
-    with pytest.raises(LayoutError, match="pairs of reals"):
+    with pytest.raises(OpError, match="pairs of reals"):
         device_comm.allreduce(HostCAI(np.zeros(3, np.complex64)), "prod")
-    with pytest.raises(LayoutError, match="int16"):
+    with pytest.raises(ArgumentError, match="int16"):
         device_comm.allreduce(HostCAI(np.zeros(3, np.int16)), "sum")
     with pytest.raises(ArgumentError, match="host"):
         device_comm.allreduce(np.zeros(3, np.float32))
-    with pytest.raises(LayoutError, match="not a CUDA stream"):
+    with pytest.raises(ArgumentError, match="not a CUDA stream"):
         device_comm.allreduce(HostCAI(np.zeros(3, np.float32)), stream="s")
     with monkeypatch.context() as patch:
         patch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 1)

@@ -29,8 +29,8 @@ from ... import config
 from ...dtypes import DType
 from ...ops import ReduceOp
 
-#: Elements per chunk: large enough to amortise NumPy's per-call cost, small enough for L2.
-CHUNK = 1 << 15
+#: elements per chunk (config.HOST_KERNEL_CHUNK), bound here for the loops
+CHUNK = config.HOST_KERNEL_CHUNK
 
 #: "auto", "native", "torch" or "numpy" (see the module docstring).
 KERNELS = config.settings().host_kernels

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
 
-from ...errors import CollectiveTimeoutError, LayoutError
+from ...errors import ArgumentError, CollectiveTimeoutError
 from ...streams import StreamRef, current_stream_pointer
 from ..base import Pending
 from ...wait import deadline_after, wait_until
@@ -120,21 +120,21 @@ class CudaStreams:
     def capturing(self, pointer: int) -> bool:
         """Whether stream ``pointer`` is being captured into a CUDA graph now. CuPy's answer
         raises where the question has none: an invalidated capture, or the legacy stream while
-        another stream captures (cudaErrorStreamCaptureImplicit); both become a LayoutError that
+        another stream captures (cudaErrorStreamCaptureImplicit); both become an ArgumentError that
         says what to do, raised before anything is enqueued (the communicator stays usable)."""
         with self._cupy.cuda.Device(self.device):
             try:
                 found = bool(self.stream(pointer).is_capturing())
             except RuntimeError as error:
                 if getattr(error, "status", None) == CUDA_CAPTURE_IMPLICIT:
-                    raise LayoutError(
+                    raise ArgumentError(
                         f"stream {pointer:#x} is the legacy default stream, which cannot be used while another stream "
                         f"is captured into a CUDA graph ({error}); run the collective on a non-default stream "
                         "(stream=, or the capturing stream) or after the capture"
                     ) from error
                 if "invalidated" not in str(error):
                     raise
-                raise LayoutError(
+                raise ArgumentError(
                     f"the capture of stream {pointer:#x} into a CUDA graph was invalidated by an earlier error "
                     f"({error}); end it (end_capture) and capture again. Nothing was enqueued"
                 ) from error

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ...dtypes import DTYPES, DType
-from ...errors import DenseCCLError, LayoutError
+from ...errors import ArgumentError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 
 # -- versions ------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def _small_float_bytes(value: float, name: str) -> bytes:
     try:
         import torch  # noqa: PLC0415 - optional
     except ImportError:
-        raise LayoutError(
+        raise OpError(
             f"PreMulSum on {name} needs ml_dtypes or torch to encode its factor (pip install ml_dtypes)"
         ) from None
     return torch.tensor([value], dtype=torch.float64).to(getattr(torch, name)).view(torch.uint8).numpy().tobytes()
@@ -169,7 +169,7 @@ def premul_scalar(factor: float, name: str) -> bytes:
         return np.array(float(factor), np.float64).astype(name).tobytes()
     if name in ("int8", "uint8", "int32", "uint32", "int64", "uint64"):
         return np.array(int(factor) % (1 << (8 * np.dtype(name).itemsize)), np.uint64).astype(name).tobytes()
-    raise LayoutError(f"PreMulSum has no NCCL scalar for dtype {name}")
+    raise OpError(f"PreMulSum has no NCCL scalar for dtype {name}")
 
 
 def check_op(op: Op, dtype: DType, version: int) -> None:
@@ -180,27 +180,27 @@ def check_op(op: Op, dtype: DType, version: int) -> None:
     if dtype.name not in reducible_dtypes(version):
         since = NCCL_TYPES.get(dtype.name, (None, None))[1]
         why = f"it needs NCCL >= {version_string(since)}" if since else "NCCL has no such type"
-        raise LayoutError(
+        raise ArgumentError(
             f"dtype {dtype.name} cannot be reduced by the nccl transport ({why}; this is NCCL "
             f"{version_string(version)}); broadcast and allgather move it, reductions need a wider dtype or the "
             "mpi backend"
         )
     if dtype.kind == "c" and kind not in _COMPLEX_OPS:
-        raise LayoutError(
+        raise OpError(
             f"op {op} is not supported for {dtype.name} by the nccl transport: NCCL reduces complex numbers as "
             "pairs of reals, which is right for sum, avg and PreMulSum with a real factor only; use the mpi "
             "backend for a complex product"
         )
     if kind is ReduceOp.AVG and version < AVG_SINCE:
-        raise LayoutError(f"op avg needs NCCL >= 2.10 (this is NCCL {version_string(version)}); use sum and divide")
+        raise OpError(f"op avg needs NCCL >= 2.10 (this is NCCL {version_string(version)}); use sum and divide")
     if isinstance(op, PreMulSum):
         if version < PREMUL_SUM_SINCE:
-            raise LayoutError(
+            raise OpError(
                 f"PreMulSum needs NCCL >= 2.11 (this is NCCL {version_string(version)}); scale the input and use sum"
             )
         carrier = CARRIED_AS.get(dtype.name, dtype.name)
         if abs(float(op.factor)) > max_finite(carrier):
-            raise LayoutError(
+            raise OpError(
                 f"PreMulSum factor {op.factor!r} is beyond the range of {carrier} (largest {max_finite(carrier)!r}); "
                 "use a smaller factor or a wider dtype"
             )

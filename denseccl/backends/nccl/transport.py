@@ -36,9 +36,9 @@ import contextlib
 import threading
 from typing import Any, Callable, Optional, Set, Tuple
 
-from ... import log
+from ... import config, log
 from ...dtypes import DType
-from ...errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, LayoutError
+from ...errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind
 from ...streams import StreamRef, stream_pointer
 from ..base import Pending, Transport, abandon
@@ -62,8 +62,6 @@ from .library import (
 )
 
 NCCL_INVALID_ARGUMENT = 4  # ncclInvalidArgument: refused by the argument checks, before any enqueue
-PREMUL_CACHE = 64  # PreMulSum ops kept per communicator (least recently used are destroyed)
-ABORT_GRACE = 2.0  # seconds an abort waits for a call inside NCCL to return before aborting under it
 
 
 def raw_handle(comm: Any) -> int:
@@ -93,7 +91,7 @@ class NCCLTransport(Transport):
         events: Any = None,
         library: Optional[NCCLLibrary] = None,
         watchdog_interval: float = 0.02,
-        abort_grace: float = ABORT_GRACE,
+        abort_grace: float = config.ABORT_GRACE,
     ) -> None:
         self.comm = comm
         self.device = device
@@ -233,14 +231,14 @@ class NCCLTransport(Transport):
 
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name.startswith("float8") and self.version >= FP8_SINCE and dtype.name not in self._reducible:
-            raise LayoutError(
+            raise ArgumentError(
                 f"dtype {dtype.name} cannot be reduced on this GPU: NCCL reduces fp8 on compute capability 9.0 "
                 f"(sm90) and newer only, and cuda:{self.device} is {self.compute_capability // 10}."
                 f"{self.compute_capability % 10}; broadcast and allgather move it, reductions need a wider dtype"
             )
         check_op(op, dtype, self.version)
         if self.size == 1 and dtype.name.startswith("float8") and isinstance(op, PreMulSum) and float(op.factor) != 1.0:
-            raise LayoutError(
+            raise OpError(
                 f"PreMulSum({op.factor!r}) on {dtype.name} with one rank is refused: NCCL runs a one-rank PreMulSum "
                 "as a host-side scaling that has no fp8 case (ncclInvalidArgument); scale the tensor itself "
                 "(x.mul_(factor)) or use a wider dtype"
@@ -287,7 +285,7 @@ class NCCLTransport(Transport):
                 if self._failure is not None and isinstance(error, Exception):
                     self.raise_if_failed()  # released by the abort: its reason, not NCCL's words for it
                 if getattr(error, "status", None) == NCCL_INVALID_ARGUMENT:
-                    raise LayoutError(
+                    raise ArgumentError(
                         f"NCCL refused the arguments of {what} ({error}); it enqueued nothing and the communicator "
                         "stays usable. Run with NCCL_DEBUG=WARN to see which argument"
                     ) from error
@@ -312,7 +310,7 @@ class NCCLTransport(Transport):
             scalar = premul_scalar(op.factor, carrier)
             code, handle = self._reducible[carrier], raw_handle(self.comm)
             found = self._premul[key] = self.library.create_premul_sum(scalar, code, handle)
-            if len(self._premul) > PREMUL_CACHE:  # an op may be destroyed once the calls given it have returned
+            if len(self._premul) > config.PREMUL_CACHE:  # an op may be destroyed once the calls given it have returned
                 oldest = next((k for k in self._premul if k not in self._captured_ops and k != key), None)
                 if oldest is not None:
                     self.library.destroy_op(self._premul.pop(oldest), raw_handle(self.comm))
