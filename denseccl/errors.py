@@ -19,14 +19,18 @@ class OpError(DenseCCLError, ValueError):
     """A local problem with the reduction op: not one denseccl supports (an unknown name,
     torch's ``ReduceOp.BAND``, mpi4py's ``MPI.LAND`` …; the message lists the supported ops),
     not defined for the dtype (``min`` on complex numbers), or a ``PreMulSum`` factor that is
-    not finite or does not fit an integer dtype. Nothing was touched."""
+    not finite or does not fit an integer dtype, or an op NCCL cannot run (a complex product, avg
+    or PreMulSum on an NCCL too old for it). Nothing was touched."""
 
 
 class ArgumentError(DenseCCLError, ValueError):
     """A local problem with an argument that is not a layout or an op: a root that is not a
     rank, a split colour that is not a non-negative int, an array in the wrong memory for the
     transport (host vs device, another GPU), a dtype the transport cannot move or reduce (the
-    gloo engine's limits). Nothing was touched."""
+    gloo engine's and NCCL's limits), a stream that is not a CUDA stream or cannot be used
+    during a CUDA-graph capture, arguments NCCL itself refuses, and in the torch backend a list
+    of the wrong length, a tensor count a call does not take or all-to-all split sizes that do
+    not add up. Nothing was touched."""
 
 
 class MismatchError(DenseCCLError, RuntimeError):
