@@ -327,6 +327,16 @@ check.raises(
     lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND),
     "not supported",
 )
+outs = [torch.empty(2) for _ in range(size + (rank == 0))]
+error = check.raises(
+    "all_gather list with one tensor too many on rank 0",
+    (denseccl.ArgumentError, denseccl.MismatchError),
+    lambda: dist.all_gather(outs, torch.ones(2)),
+)
+check.check(
+    isinstance(error, denseccl.ArgumentError if rank == 0 else denseccl.MismatchError),
+    f"list length: rank 0 ArgumentError, others MismatchError ({type(error).__name__})",
+)
 outs = [torch.empty(2) for _ in range(size)] if rank else [torch.empty(3) for _ in range(size)]
 check.raises(
     "all_gather list with wrong shapes on rank 0",
@@ -369,6 +379,14 @@ elif rank == 1:
     source = dist.recv(y, tag=3)  # from any source
     check.equal("recv from any source", y, values(seed, 0, (2, 3, 4, 5), F64), strides=y.stride())
     check.check(source == 0, f"recv any source reports rank 0 (got {source})")
+if rank == 0:
+    dist.send(torch.ones(3), dst=1, tag=5)
+elif rank == 1:
+    short = torch.full((4,), -1.0)
+    check.raises(
+        "recv of fewer bytes than the tensor holds", denseccl.MismatchError, lambda: dist.recv(short, src=0, tag=5),
+        "12 bytes into a tensor of 16 bytes",
+    )
 ops = []
 right, left = (rank + 1) % size, (rank - 1) % size
 outgoing = make("channels-last", F32, seed + 1, rank)
