@@ -99,6 +99,18 @@ ABORT_GRACE = 2.0
 #: elements per chunk of the host float16/bfloat16 kernels (backends/mpi/host_kernels.py): large
 #: enough to amortise NumPy's per-call cost, small enough for the chunk's scratch to stay in L2
 HOST_KERNEL_CHUNK = 1 << 15
+#: seconds between two event queries of the NCCL watchdog (backends/nccl/cuda.py): how late it
+#: sees a finished or failed collective, against a query's cost
+WATCHDOG_INTERVAL = 0.02
+#: the torch progress thread (torch/progress.py) yields the core instead of sleeping for this
+#: many seconds after an operation was submitted or completed, so that a burst of transfers
+#: completes with low latency
+PROGRESS_SPIN_SECONDS = 5e-3
+#: then it sleeps this long between polls (``DENSECCL_TORCH_POLL`` overrides it): a spinning
+#: thread would take a core from the backward pass the transfers overlap with
+PROGRESS_POLL_SECONDS = 50e-6
+#: and ten times as long once nothing happened for this many seconds
+PROGRESS_QUIET_SECONDS = 0.1
 
 #: variables an MPI launcher (mpiexec/mpirun of MPICH or Open MPI, srun with PMI/PMIx) sets
 MPI_LAUNCH_VARIABLES = (

@@ -73,16 +73,11 @@ def new_future(device: Optional[torch.device]) -> torch.futures.Future:
 
 class Progress:
     """Completes the futures of one process group's operations, in a daemon thread started on
-    the first asynchronous operation."""
-
-    #: How the thread polls while operations are in flight (MPI progresses only inside MPI
-    #: calls, so polling also moves the data of long transfers along): it spins (yielding the
-    #: core) for SPIN seconds after an operation was submitted or completed, so that a burst
-    #: of transfers completes with low latency, then sleeps POLL seconds between polls (a
-    #: spinning thread would take a core from the backward pass the transfers overlap with),
-    #: ten times longer once nothing happened for 0.1 s.
-    SPIN = 5e-3
-    POLL = 50e-6
+    the first asynchronous operation. It polls while operations are in flight (MPI progresses
+    only inside MPI calls, so polling also moves the data of long transfers along): it yields
+    the core for ``config.PROGRESS_SPIN_SECONDS`` after an operation was submitted or completed,
+    then sleeps ``config.PROGRESS_POLL_SECONDS`` between polls, ten times longer once nothing
+    happened for ``config.PROGRESS_QUIET_SECONDS``."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -97,7 +92,7 @@ class Progress:
         self._active = 0.0  # when an operation was last submitted or completed
         #: an operation was given up on at shutdown: what it ran on may still be in use
         self.abandoned = False
-        self.poll = _poll_seconds(self.POLL)
+        self.poll = _poll_seconds(config.PROGRESS_POLL_SECONDS)
         _LIVE.add(self)
 
     # -- called by the process group --------------------------------------------------------
@@ -209,10 +204,10 @@ class Progress:
                 return
             # a long transfer needs polls less often than a short one
             quiet = time.monotonic() - self._active
-            if self.poll == 0 or quiet < self.SPIN:
+            if self.poll == 0 or quiet < config.PROGRESS_SPIN_SECONDS:
                 os.sched_yield()
             else:
-                time.sleep(self.poll if quiet < 0.1 else 10 * self.poll)
+                time.sleep(self.poll if quiet < config.PROGRESS_QUIET_SECONDS else 10 * self.poll)
 
 
 def _poll_seconds(default: float) -> float:

@@ -35,6 +35,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Optional, Set, Tuple
 
+from ... import config
 from ...errors import ArgumentError, CollectiveTimeoutError
 from ...streams import StreamRef, current_stream_pointer
 from ..base import Pending
@@ -213,7 +214,7 @@ class Watchdog:
         done: Callable[[Any], bool],
         async_error: Callable[[], Optional[str]],
         on_failure: Callable[[str, bool], None],
-        interval: float = 0.02,
+        interval: float = config.WATCHDOG_INTERVAL,
         on_start: Optional[Callable[[], None]] = None,
         paused: Optional[Callable[[], bool]] = None,
     ) -> None:

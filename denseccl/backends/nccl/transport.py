@@ -90,7 +90,7 @@ class NCCLTransport(Transport):
         version: Optional[int] = None,
         events: Any = None,
         library: Optional[NCCLLibrary] = None,
-        watchdog_interval: float = 0.02,
+        watchdog_interval: float = config.WATCHDOG_INTERVAL,
         abort_grace: float = config.ABORT_GRACE,
     ) -> None:
         self.comm = comm
