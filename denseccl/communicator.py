@@ -29,6 +29,11 @@ def _spans(buffer: Buffer) -> Tuple[int, int]:
     return buffer.span_pointer, buffer.layout.numel * buffer.layout.itemsize
 
 
+#: the op types of cached calls: a name or a member is the same op every time (a PreMulSum's
+#: factor is the caller's, so it is validated each call)
+CACHED_OPS = (str, ReduceOp)
+
+
 class Communicator:
     """Collectives among ``size`` ranks on arrays of any non-overlapping dense layout.
 
@@ -81,7 +86,7 @@ class Communicator:
     ) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
         key = None
-        if out is None and stream is None and not async_op and type(op) is str:
+        if out is None and stream is None and not async_op and type(op) in CACHED_OPS:
             key, call = lookup(self.flow.calls, "allreduce", x, op, True)
             if call is not None:
                 return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
@@ -109,7 +114,7 @@ class Communicator:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
         ``x``, ignore ``out`` and get ``x`` back."""
         key = None
-        if out is None and type(op) is str and type(root) is int and not async_op and stream is None:
+        if out is None and type(op) in CACHED_OPS and type(root) is int and not async_op and stream is None:
             key, call = lookup(self.flow.calls, "reduce", x, (op, root), self.rank == root)
             if call is not None:
                 return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]

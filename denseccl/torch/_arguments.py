@@ -9,20 +9,11 @@ runs. torch's reduce ops are read by the core (:func:`denseccl.ops.as_op`).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Optional, Sequence, Union
+from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
 
 from .. import config
-from ..ops import Op, ReduceOp, as_op
-
-
-def reduce_op(op: Any) -> Union[str, Op]:
-    """torch's reduce op as the core's elementwise collectives take it: a plain op by its name,
-    because the core replays a repeated synchronous call's plan (and its MPI persistent request)
-    only for ops given by name (plans.py); a PreMulSum as :func:`denseccl.ops.as_op` reads it."""
-    found = as_op(op)
-    return found.value if isinstance(found, ReduceOp) else found
 
 
 def synchronous_on_host(opts: Any, tensors: Sequence[torch.Tensor]) -> bool:

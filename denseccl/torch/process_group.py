@@ -32,7 +32,7 @@ from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
 from ..backends.base import abandon
 from . import all_to_all_p2p, buckets
-from ._arguments import as_list, cuda_context, options, reduce_op, synchronous_on_host, timeout_seconds
+from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
 from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
@@ -230,7 +230,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
         def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op = reduce_op(opts.reduceOp)
+            op = as_op(opts.reduceOp)
             return lambda t, async_op: comm.allreduce(t, op, async_op=async_op)
 
         return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, bind)
@@ -264,7 +264,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
         def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op, root = reduce_op(opts.reduceOp), opts.rootRank
+            op, root = as_op(opts.reduceOp), opts.rootRank
             return lambda t, async_op: comm.reduce(t, root, op, async_op=async_op)
 
         return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, bind)

@@ -410,3 +410,16 @@ def test_a_failure_seen_by_is_completed_breaks_the_communicator():
     assert own.broken is not None and "transport failure" in own.broken
     with pytest.raises(denseccl.CommunicatorBrokenError):
         own.allreduce(x)
+
+
+@pytest.mark.parametrize("op", ["sum", denseccl.ReduceOp.SUM, denseccl.ReduceOp.MAX])
+def test_repeated_calls_are_prepared_whether_the_op_is_a_name_or_a_member(comm, op):
+    """A repeated in-place allreduce / reduce is a cache hit for an op given by name and by
+    ``ReduceOp`` member alike (torch's adapter and direct callers pass members)."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4).T  # a permuted layout
+    for collective in (comm.allreduce, lambda a, o: comm.reduce(a, 0, o)):
+        comm.flow.calls.clear()
+        for _ in range(3):
+            assert collective(x, op) is x
+        assert len(comm.flow.calls) == 1, comm.flow.calls
+    np.testing.assert_array_equal(x, np.arange(12, dtype=np.float32).reshape(3, 4).T)
