@@ -99,7 +99,7 @@ ABORT_GRACE = 2.0
 #: elements per chunk of the host float16/bfloat16 kernels (backends/mpi/host_kernels.py): large
 #: enough to amortise NumPy's per-call cost, small enough for the chunk's scratch to stay in L2
 HOST_KERNEL_CHUNK = 1 << 15
-#: seconds between two event queries of the NCCL watchdog (backends/nccl/cuda.py): how late it
+#: seconds between two event queries of the NCCL watchdog (backends/nccl/transport.py): how late it
 #: sees a finished or failed collective, against a query's cost
 WATCHDOG_INTERVAL = 0.02
 #: the torch progress thread (torch/progress.py) yields the core instead of sleeping for this

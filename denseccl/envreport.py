@@ -86,7 +86,7 @@ def nccl_version(load: bool = True) -> str:
                 nccl = None
     if nccl is not None and getattr(nccl, "available", False):
         try:
-            from .backends.nccl.library import version_string  # noqa: PLC0415
+            from .backends.nccl.init import version_string  # noqa: PLC0415
 
             return f"{version_string(nccl.get_version())} (loaded by CuPy)"
         except Exception as error:  # noqa: BLE001
@@ -163,7 +163,7 @@ def mpiexec_note() -> str:
 
 def _nccl_status() -> Tuple[bool, str]:
     try:
-        from .bootstrap.nccl import nccl_missing  # noqa: PLC0415
+        from .backends.nccl.init import nccl_missing  # noqa: PLC0415
     except ImportError as error:
         return False, f"denseccl's NCCL bootstrap cannot be imported ({error})"
     problem = nccl_missing()

@@ -14,8 +14,7 @@ library needs), its transport and its control channel:
   uses a shared-memory board where every rank shares the host, and it detects whether the
   host's ranks share cores (the wait policy, wait.py);
 - :mod:`.gloo`: torch's gloo on host memory, for launches without MPI (torchrun, spawn);
-- :mod:`.nccl`: NCCL through CuPy on device memory (one GPU per rank); its init is
-  ``denseccl/bootstrap/nccl.py``.
+- :mod:`.nccl`: NCCL through CuPy on device memory (one GPU per rank).
 
 Shared by several: :mod:`.store` (a control channel over a key-value store) and
 :mod:`.rendezvous` (how ranks meet on a store without MPI). denseccl/bootstrap only chooses.

@@ -6,7 +6,7 @@ transport (backends/mpi); a torchrun-style environment (``RANK``, ``WORLD_SIZE``
 ``MASTER_ADDR``, ``MASTER_PORT``) without one gives the gloo backend (backends/gloo) over a
 ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``, where torch is installed; ``store=`` with
 ``rank=`` and ``size=`` gives the gloo backend on that store. For device arrays:
-NCCL (:mod:`.nccl`). How ranks meet without MPI is backends/rendezvous.py. Every step of the
+NCCL (backends/nccl). How ranks meet without MPI is backends/rendezvous.py. Every step of the
 bootstrap honours ``timeout``: a peer that never calls ``init`` makes it raise
 :class:`CollectiveTimeoutError` on the others.
 
@@ -28,7 +28,7 @@ from ..wait import deadline_after
 from ..backends.gloo.init import init_gloo
 from ..backends.mpi.init import init_mpi
 from ..backends import rendezvous
-from . import nccl
+from ..backends.nccl import init as nccl
 
 #: the options of ``init(**options)`` that each backend takes
 OPTIONS = {
@@ -88,7 +88,7 @@ def init(
     if backend == "gloo":
         communicator = init_gloo(checking, seconds, deadline, **options)
     else:
-        communicator = nccl.init_nccl(comm=comm, check=checking, timeout=seconds, **options)
+        communicator = nccl.init_nccl(comm, checking, seconds, deadline, **options)
     communicator.flow.on_timeout = policy
     return communicator
 

@@ -116,7 +116,7 @@ fi
 "$PY" tests/gpu/report.py versions >"$out/versions.txt" 2>&1
 cat "$out/versions.txt"
 if ! has gpu || ! has nccl; then
-  record "FAIL environment: CuPy with a GPU and NCCL is needed: $("$PY" -c 'from denseccl.bootstrap.nccl import nccl_missing; print(nccl_missing())' 2>&1 | tail -n 1)"
+  record "FAIL environment: CuPy with a GPU and NCCL is needed: $("$PY" -c 'from denseccl.backends.nccl.init import nccl_missing; print(nccl_missing())' 2>&1 | tail -n 1)"
   # DENSECCL_GPU_DRY=1 goes on regardless: how tests/unit/test_nccl_run_script.py runs this script on a CPU
   [ "${DENSECCL_GPU_DRY:-0}" = 1 ] || finish
 fi

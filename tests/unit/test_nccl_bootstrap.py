@@ -11,7 +11,7 @@ import pytest
 
 import denseccl
 from denseccl import bootstrap, config
-from denseccl.bootstrap import nccl as nccl_bootstrap
+from denseccl.backends.nccl import init as nccl_bootstrap
 from denseccl.errors import DenseCCLError
 
 RAW = bytes(range(128))

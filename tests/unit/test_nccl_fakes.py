@@ -41,8 +41,8 @@ import pytest
 
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import transport as nccl
-from denseccl.backends.nccl.cuda import CudaStreams
-from denseccl.backends.nccl.library import version_code
+from denseccl.backends.nccl.transport import CudaStreams
+from denseccl.backends.nccl.init import version_code
 
 VERSION = version_code(2, 27, 3)
 
@@ -525,7 +525,7 @@ def test_fake_cuda_matches_cupy():
 def test_the_transport_calls_only_what_the_fakes_offer():
     """Every attribute the transport and its CUDA layer take from CuPy or the communicator is
     one the fakes define, so the checks above cover everything they use."""
-    import denseccl.backends.nccl.cuda as events_module
+    import denseccl.backends.nccl.transport as events_module
     import denseccl.backends.nccl.transport as transport_module
 
     used_comm = set(re.findall(r"self\.comm\.(\w+)", inspect.getsource(transport_module))) | {"commSplit"}

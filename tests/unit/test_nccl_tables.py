@@ -13,7 +13,7 @@ import pytest
 from denseccl.dtypes import DTYPES
 from denseccl.errors import ArgumentError, OpError
 from denseccl.ops import PreMulSum, ReduceOp
-from denseccl.backends.nccl import library as nccl_library
+from denseccl.backends.nccl import init as nccl_library
 
 NEW = nccl_library.version_code(2, 32, 3)
 OLD = nccl_library.version_code(2, 8, 4)

@@ -21,8 +21,8 @@ from denseccl.dtypes import DTYPES
 from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
-from denseccl.backends.nccl import cuda as nccl_events
-from denseccl.backends.nccl import library as nccl_tables
+from denseccl.backends.nccl import transport as nccl_events
+from denseccl.backends.nccl import init as nccl_tables
 from denseccl.backends.store import SoloControl
 from tests.unit.test_nccl_fakes import COLLECTED, VERSION, S, make
 

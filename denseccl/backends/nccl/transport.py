@@ -1,76 +1,403 @@
-"""NCCL transport: ``cupy.cuda.nccl`` collectives on device storage spans, on CUDA streams.
+"""The NCCL transport: one ``cupy.cuda.nccl`` call per collective on a device span and a CUDA
+stream, and everything that watches the call run.
 
-Each method maps ``(pointer, count, dtype, op, root, stream)`` to one ``NcclCommunicator`` call.
-What NCCL lacks is mapped onto what it has, never by an extra pass over the data:
+Why it exists: this module is the NCCL path once a communicator runs, the only place that
+enqueues device work or frees an NCCL communicator, so the rules that keep that safe are read
+together here (docs/nccl.md says what users see of them):
 
-- complex numbers travel as pairs of reals (``count * 2``), which is right for sum, avg and
-  premul_sum with a real factor, and is refused for prod (torch's ``supports_complex`` rule);
-- bool travels as uint8, with sum/prod as max/min (logical or/and, ``ops.BOOL_OPS``);
-- ``PreMulSum(f)`` is NCCL's own ``ncclRedOpCreatePreMulSum`` (reached through ctypes on the
-  libnccl that CuPy loaded, with the communicator's raw handle), created once per
-  ``(factor, dtype)`` and destroyed at :meth:`NCCLTransport.close`;
-- broadcast and allgather of a dtype NCCL has no type for (int16, uint16) move bytes;
-- with one rank, fp8 avg is the identity and runs as a sum (NCCL's one-rank path turns avg and
-  PreMulSum into a host-side scaling that has no fp8 case and returns ncclInvalidArgument); fp8
-  PreMulSum by a factor other than 1 is refused there with the reason.
-
-Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they do not run
-while another thread is inside a call on it (NCCL's enqueue runs without the GIL). Calls count
-themselves in and out under a lock; an abort that finds one inside waits for the last one to
-leave, and meanwhile the transport already refuses new calls. That wait is bounded
-(``abort_grace``): NCCL connects peers during the first collective (``NCCL_RUNTIME_CONNECT=1``,
-the default), and a call stuck connecting to a dead peer returns only once ``ncclCommAbort``
-sets the communicator's abort flag, so past the grace the abort runs under it, as torch's
-watchdog aborts under a stuck collective.
-
-The pieces live beside it, each testable on the CPU: the version gates, dtype and op tables,
-PreMulSum scalars and the ctypes binding of libnccl in :mod:`.library`; CUDA events through
-CuPy, the pending call and the watchdog in :mod:`.cuda`. The CuPy module and the NCCL
-communicator are passed in, so tests can replace them with fakes.
+- What NCCL lacks is mapped onto what it has, never by an extra pass over the data (the tables
+  are :mod:`.init`'s): complex as pairs of reals, bool as uint8 with sum/prod as max/min,
+  ``PreMulSum`` as NCCL's own op made once per ``(factor, dtype)``, bytes for what NCCL cannot
+  reduce; with one rank fp8 avg runs as a sum (NCCL has no one-rank fp8 scaling).
+- CUDA through CuPy's own objects (:class:`CudaStreams`; the ``cupy`` module is passed in, so
+  the CPU tests run this code on strict fakes): an event after each call, read through
+  ``cudaEventQuery``'s status, since ``Event.done`` reads a sticky error as "not done".
+  :class:`NCCLPending` orders the caller's stream or blocks the host.
+- CUDA graphs: a captured call gets no watchdog entry and its event is never queried; in global
+  capture mode no watchdog of that device queries while a capture it has seen still runs.
+- :class:`Watchdog`: one daemon thread per transport, as in torch's ProcessGroupNCCL, aborts on a
+  call unfinished ``timeout`` s after it was enqueued or an asynchronous NCCL error.
+- Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they wait for the
+  calls inside NCCL (which count themselves in and out), an abort at most ``abort_grace``;
+  ``retire`` keeps the communicator alive while work may still run on it.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import threading
-from typing import Any, Callable, Optional, Set, Tuple
+import time
+from typing import Any, Callable, Deque, Dict, Optional, Set, Tuple
 
 from ... import config, log
 from ...dtypes import DType
 from ...errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind
-from ...streams import StreamRef, stream_pointer
+from ...streams import StreamRef, current_stream_pointer, stream_pointer
+from ...wait import deadline_after, wait_until
 from ..base import Pending, Transport, abandon
-from .cuda import CudaStreams, NCCLPending, Watchdog
-from .library import (
-    NCCLLibrary,
-    CARRIED_AS,
-    FP8_REDUCTION_CAPABILITY,
-    FP8_SINCE,
-    INT32,
-    NCCL_OPS,
-    SPLIT_SINCE,
-    UINT8,
-    builtin_op,
-    check_op,
-    elements,
-    nccl_dtypes,
-    premul_scalar,
-    reducible_dtypes,
-    version_string,
+from .init import (
+    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_OPS, SPLIT_SINCE, UINT8, NCCLLibrary, builtin_op,
+    check_op, elements, nccl_dtypes, premul_scalar, reducible_dtypes, version_string,
 )
 
+CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
+CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
+CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
 NCCL_INVALID_ARGUMENT = 4  # ncclInvalidArgument: refused by the argument checks, before any enqueue
+
+#: (id of the cupy module, device) -> (that module, the streams seen capturing there whose capture
+#: may still run): process-wide, since a capture is invalidated by a query from any thread
+_CAPTURES: Dict[Tuple[int, int], Tuple[Any, Set[int]]] = {}
+_CAPTURES_LOCK = threading.Lock()
+
+
+class _Handle:
+    """A raw ``cudaStream_t`` offered through the CUDA stream protocol (``__cuda_stream__``)."""
+
+    __slots__ = ("pointer",)
+
+    def __init__(self, pointer: int) -> None:
+        self.pointer = pointer
+
+    def __cuda_stream__(self) -> Tuple[int, int]:
+        return (0, self.pointer)
+
+
+class CudaStreams:
+    """The CUDA calls the transport makes, each one CuPy call on CuPy's objects, on ``device``."""
+
+    def __init__(
+        self, device: int, cupy: Any = None, current: Callable[[str, int], int] = current_stream_pointer
+    ) -> None:
+        self._cupy = importlib.import_module("cupy") if cupy is None else cupy  # device transport only
+        self._current = current  # (library, device) -> that library's current stream there
+        self.device = device
+        self._streams: Dict[int, Any] = {}
+        with _CAPTURES_LOCK:
+            self._captures = _CAPTURES.setdefault((id(self._cupy), device), (self._cupy, set()))[1]
+
+    def stream(self, pointer: int) -> Any:
+        """CuPy's view of the stream ``pointer`` (which it does not own), made once per handle."""
+        found = self._streams.get(pointer)
+        if found is None:
+            cuda = self._cupy.cuda
+            if hasattr(cuda.Stream, "from_external"):  # CuPy >= 14
+                found = cuda.Stream.from_external(_Handle(pointer))
+            else:
+                found = cuda.ExternalStream(pointer, self.device)
+            if len(self._streams) >= 256:  # streams come and go: keep the cache bounded
+                self._streams.clear()
+            self._streams[pointer] = found
+        return found
+
+    def record(self, pointer: int) -> Any:
+        """A new event recorded on stream ``pointer`` after the work enqueued there so far."""
+        with self._cupy.cuda.Device(self.device):  # stream 0 is the legacy stream of the current device
+            event = self._cupy.cuda.Event(block=False, disable_timing=True)
+            event.record(self.stream(pointer))
+        return event
+
+    def done(self, event: Any) -> bool:
+        """Whether the work before ``event`` has completed; CuPy's ``CUDARuntimeError`` for an
+        error (sticky). A refusal by the capture rules is no error of the work: "not done yet"."""
+        runtime = self._cupy.cuda.runtime
+        status = runtime.eventQuery(event.ptr)
+        if status == CUDA_SUCCESS:
+            return True
+        if status == CUDA_NOT_READY or status in CUDA_CAPTURE_ERRORS:
+            return False
+        raise runtime.CUDARuntimeError(status)
+
+    def wait(self, pointer: int, event: Any) -> None:
+        """Make stream ``pointer`` wait for ``event`` (no host synchronisation)."""
+        with self._cupy.cuda.Device(self.device):
+            self.stream(pointer).wait_event(event)
+
+    def capturing(self, pointer: int) -> bool:
+        """Whether stream ``pointer`` is being captured into a CUDA graph now. Where CuPy cannot
+        answer (an invalidated capture; the legacy stream while another captures), an
+        ArgumentError says what to do, before anything is enqueued."""
+        with self._cupy.cuda.Device(self.device):
+            try:
+                found = bool(self.stream(pointer).is_capturing())
+            except RuntimeError as error:
+                if getattr(error, "status", None) == CUDA_CAPTURE_IMPLICIT:
+                    raise ArgumentError(
+                        f"stream {pointer:#x} is the legacy default stream, which cannot be used while another stream "
+                        f"is captured into a CUDA graph ({error}); run the collective on a non-default stream "
+                        "(stream=, or the capturing stream) or after the capture"
+                    ) from error
+                if "invalidated" not in str(error):
+                    raise
+                raise ArgumentError(
+                    f"the capture of stream {pointer:#x} into a CUDA graph was invalidated by an earlier error "
+                    f"({error}); end it (end_capture) and capture again. Nothing was enqueued"
+                ) from error
+        if found:
+            with _CAPTURES_LOCK:
+                self._captures.add(pointer)
+        return found
+
+    def capture_in_progress(self) -> bool:
+        """Whether a capture that a call on this device has seen is still running (any
+        thread's, any communicator's); captures found ended are forgotten. Never raises: a
+        stream whose capture cannot be asked about (invalidated, not yet ended) still counts."""
+        with _CAPTURES_LOCK:
+            streams = list(self._captures)
+        if not streams:
+            return False
+        ended = set()
+        for pointer in streams:
+            try:
+                with self._cupy.cuda.Device(self.device):
+                    if not self.stream(pointer).is_capturing():
+                        ended.add(pointer)
+            except Exception:  # noqa: BLE001 - an invalidated capture still runs until it is ended
+                continue
+        with _CAPTURES_LOCK:
+            self._captures.difference_update(ended)
+        return len(ended) < len(streams)
+
+    def current(self, ref: StreamRef) -> int:
+        return self._current(ref.library, ref.device)
+
+    def default_stream(self) -> StreamRef:
+        return StreamRef(self._current("cupy", self.device), "cupy", self.device)
+
+    def compute_capability(self) -> int:
+        """The device's compute capability as major * 10 + minor (90 for sm90)."""
+        return int(self._cupy.cuda.Device(self.device).compute_capability)
+
+    def bind_thread(self) -> None:
+        """Make this device current in the calling thread (the watchdog's)."""
+        self._cupy.cuda.Device(self.device).use()
+
+    def scratch(self, nbytes: int) -> Any:
+        """Device memory of ``nbytes`` (an object with ``.ptr``; freed when dropped)."""
+        with self._cupy.cuda.Device(self.device):
+            return self._cupy.cuda.alloc(nbytes)
+
+
+# -- the watchdog ----------------------------------------------------------------------------------
+
+
+class _Entry:
+    """One enqueued collective; ``event`` is set once the enqueue call has returned."""
+
+    __slots__ = ("what", "deadline", "event", "cancelled")
+
+    def __init__(self, what: str, deadline: Optional[float]) -> None:
+        self.what = what
+        self.deadline = deadline
+        self.event: Any = None
+        self.cancelled = False
+
+
+class Watchdog:
+    """Watches enqueued work from a daemon thread. Only the oldest unfinished entry can be late
+    (entries complete in order); while any is in flight it also polls for asynchronous errors.
+    On a verdict it calls ``on_failure(reason, timed_out)`` once and stops; with nothing in
+    flight it sleeps on a condition."""
+
+    def __init__(
+        self,
+        timeout: Optional[float],
+        done: Callable[[Any], bool],
+        async_error: Callable[[], Optional[str]],
+        on_failure: Callable[[str, bool], None],
+        interval: float = config.WATCHDOG_INTERVAL,
+        on_start: Optional[Callable[[], None]] = None,
+        paused: Optional[Callable[[], bool]] = None,
+    ) -> None:
+        self.timeout = timeout
+        self._on_start = on_start
+        self._paused = paused  # while true (a CUDA graph capture runs), no event is queried
+        self._done = done
+        self._async_error = async_error
+        self._on_failure = on_failure
+        self._interval = interval
+        self._entries: Deque[_Entry] = collections.deque()
+        self._condition = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+
+    def begin(self, what: str) -> _Entry:
+        """Track a collective about to be enqueued (its enqueue may block, e.g. while NCCL
+        connects to a peer that never comes: that counts against the deadline too)."""
+        entry = _Entry(what, deadline_after(self.timeout))
+        with self._condition:
+            if self._stopped:
+                return entry
+            self._entries.append(entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="denseccl-nccl-watchdog", daemon=True)
+                self._thread.start()
+            self._condition.notify()
+        return entry
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._entries)
+
+    def check(self) -> Optional[Tuple[str, bool]]:
+        """One look: drop finished entries; ``(reason, timed_out)`` if the oldest is late or
+        NCCL reports an asynchronous error, else None."""
+        entries = self._entries
+        try:
+            while entries:
+                head = entries[0]
+                if head.cancelled or (head.event is not None and self._done(head.event)):
+                    entries.popleft()
+                    continue
+                break
+            if not entries:
+                return None
+            head = entries[0]
+            if head.deadline is not None and time.monotonic() > head.deadline:
+                return (
+                    f"NCCL {head.what} did not complete within {self.timeout:g} s (a peer never joined, crashed or "
+                    "is stuck); the watchdog aborted the NCCL communicator",
+                    True,
+                )
+            error = self._async_error()
+        except Exception as failure:  # noqa: BLE001 - a CUDA error while polling ends the communicator too
+            return f"checking NCCL work failed: {type(failure).__name__}: {failure}", False
+        if error:
+            return error, False
+        return None
+
+    def _run(self) -> None:
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception as error:  # noqa: BLE001
+                self._on_failure(f"the NCCL watchdog could not start: {type(error).__name__}: {error}", False)
+                return
+        while True:
+            with self._condition:
+                while not self._entries and not self._stopped:
+                    self._condition.wait()
+                if self._stopped:
+                    return
+            if self._paused is not None and self._paused():
+                time.sleep(self._interval)  # verdicts wait for the capture's end: they need queries
+                continue
+            verdict = self.check()
+            if verdict is not None:
+                with self._condition:
+                    if self._stopped:
+                        return
+                    self._stopped = True
+                self._on_failure(*verdict)
+                return
+            time.sleep(self._interval)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """The transport's :meth:`~NCCLTransport.wait_idle`."""
+        deadline = time.monotonic() + timeout
+        while self._entries and not self._stopped and time.monotonic() < deadline:
+            time.sleep(self._interval)
+        return not self._entries or self._stopped
+
+    def close(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+        self._entries.clear()
+
+
+# -- the pending call ----------------------------------------------------------------------------
+
+
+class NCCLPending(Pending):
+    """An enqueued NCCL call and the event recorded after it on its ``stream``. A call captured
+    into a CUDA graph (``captured``) runs when the graph is replayed: nothing waits for it on the
+    host or queries its event; ``wait`` joins the current stream to it while the capture lasts."""
+
+    __slots__ = ("_transport", "_event", "stream", "_host", "captured")
+
+    def __init__(
+        self, transport: NCCLTransport, event: Any, stream: StreamRef, host: bool = False, captured: bool = False
+    ) -> None:
+        self._transport = transport
+        self._event = event
+        self.stream = stream
+        self._host = host  # barrier: wait() blocks the host
+        self.captured = captured
+
+    def test(self) -> bool:
+        return self.captured or self._finished()
+
+    def _finished(self) -> bool:
+        """Whether the call completed or the communicator failed; a CUDA error while asking
+        (sticky) aborts the communicator."""
+        transport = self._transport
+        if transport._failure is not None:
+            return True
+        try:
+            return bool(transport.events.done(self._event))
+        except Exception as error:  # noqa: BLE001 - CuPy raises CUDARuntimeError
+            transport.abort(f"checking NCCL work failed: {type(error).__name__}: {error}", timed_out=False)
+            return True
+
+    def wait(self, deadline: Optional[float]) -> None:
+        """Make the caller's current stream wait for the call (free when the call ran there)."""
+        if self._host and not self.captured:
+            self.synchronize(deadline)
+            return
+        transport = self._transport
+        transport.raise_if_failed()
+        events = transport.events
+        current = events.current(self.stream)
+        if current == self.stream.pointer:
+            return
+        if self.captured and not events.capturing(self.stream.pointer):
+            return  # the capture has ended: the graph's replays order themselves
+        events.wait(current, self._event)
+
+    def synchronize(self, deadline: Optional[float]) -> None:
+        """Block the host until the call has completed; past ``deadline`` abort the
+        communicator and raise :class:`CollectiveTimeoutError`. A captured call only orders
+        the current stream (blocking the host during a capture would invalidate it)."""
+        if self.captured:
+            self._host = False
+            self.wait(deadline)
+            return
+        transport = self._transport
+
+        def finished() -> bool:
+            if self._finished():
+                return True
+            error = transport.async_error()
+            if error:
+                transport.abort(error, timed_out=False)
+                return True
+            return False
+
+        try:
+            wait_until(finished, deadline, "NCCL collective")
+        except CollectiveTimeoutError as error:
+            reason = f"{error} (the NCCL communicator was aborted with ncclCommAbort)"
+            transport.abort(reason, timed_out=True)
+            raise CollectiveTimeoutError(reason) from None
+        transport.raise_if_failed()
+
+
+# -- the transport --------------------------------------------------------------------------------
 
 
 def raw_handle(comm: Any) -> int:
-    """The ``ncclComm_t`` of a CuPy ``NcclCommunicator`` (``.comm``; ``.ptr`` elsewhere)."""
-    for attribute in ("comm", "ptr"):
-        value = getattr(comm, attribute, None)
-        if isinstance(value, int):
-            return value
-    raise DenseCCLError(f"cannot find the raw ncclComm_t of {comm!r} (no .comm or .ptr)")
+    """The ``ncclComm_t`` of a CuPy ``NcclCommunicator`` (its ``.comm``)."""
+    value = getattr(comm, "comm", None)
+    if not isinstance(value, int):
+        raise DenseCCLError(f"cannot find the raw ncclComm_t of {comm!r} (no .comm)")
+    return value
 
 
 class NCCLTransport(Transport):
@@ -86,9 +413,9 @@ class NCCLTransport(Transport):
         comm: Any,
         device: int,
         *,
+        version: int,
         timeout: Optional[float] = None,
-        version: Optional[int] = None,
-        events: Any = None,
+        events: Optional[CudaStreams] = None,
         library: Optional[NCCLLibrary] = None,
         watchdog_interval: float = config.WATCHDOG_INTERVAL,
         abort_grace: float = config.ABORT_GRACE,
@@ -98,11 +425,7 @@ class NCCLTransport(Transport):
         self.rank = comm.rank_id()
         self.size = comm.size()
         self.timeout = timeout
-        if version is None:
-            from cupy.cuda import nccl  # noqa: PLC0415
-
-            version = nccl.get_version()
-        self.version: int = version
+        self.version = version
         self.dtypes = nccl_dtypes(version)
         self._reducible = reducible_dtypes(version)
         self.events = events if events is not None else CudaStreams(device)
@@ -125,8 +448,8 @@ class NCCLTransport(Transport):
         self._closed = False
         self._scratch: Any = None
         self._watchdog = Watchdog(
-            timeout, self.events.done, self.async_error, self.abort, watchdog_interval,
-            getattr(self.events, "bind_thread", None), getattr(self.events, "capture_in_progress", None),
+            timeout, self.events.done, self.async_error, self.abort, watchdog_interval, self.events.bind_thread,
+            self.events.capture_in_progress,
         )
 
     def __repr__(self) -> str:
@@ -145,9 +468,8 @@ class NCCLTransport(Transport):
         return None if self._failure is None else self._failure[0]
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
-        """Wait until the watchdog has retired every eager call (it then queries no CUDA event):
-        call it before beginning a CUDA graph capture in the default global mode, in which a
-        query from any thread invalidates the capture. Whether it got there within ``timeout``."""
+        """Wait until the watchdog has retired every eager call and queries no more events; call
+        it before beginning a CUDA graph capture in global mode. Whether it got there in time."""
         return self._watchdog.wait_idle(timeout)
 
     def raise_if_failed(self) -> None:
@@ -225,9 +547,9 @@ class NCCLTransport(Transport):
             self._inside -= 1
             if self._inside == 0:
                 self._left.notify_all()
-            if self._inside == 0 and self._deferred is not None:
-                how, self._deferred = self._deferred, None
-                self._release(how)
+                if self._deferred is not None:
+                    how, self._deferred = self._deferred, None
+                    self._release(how)
 
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name.startswith("float8") and self.version >= FP8_SINCE and dtype.name not in self._reducible:
@@ -281,7 +603,7 @@ class NCCLTransport(Transport):
                 event = self.events.record(ref.pointer)
             except BaseException as error:
                 if entry is not None:
-                    Watchdog.cancel(entry)
+                    entry.cancelled = True
                 if self._failure is not None and isinstance(error, Exception):
                     self.raise_if_failed()  # released by the abort: its reason, not NCCL's words for it
                 if getattr(error, "status", None) == NCCL_INVALID_ARGUMENT:
@@ -291,7 +613,7 @@ class NCCLTransport(Transport):
                     ) from error
                 raise
             if entry is not None:
-                Watchdog.arm(entry, event)
+                entry.event = event
         finally:
             self._leave()
         return NCCLPending(self, event, ref, host, captured)
@@ -415,4 +737,4 @@ class NCCLTransport(Transport):
         self._scratch = None
 
 
-__all__ = ["NCCLTransport"]
+__all__ = ["CudaStreams", "NCCLPending", "NCCLTransport", "Watchdog"]

@@ -1,37 +1,135 @@
-"""What the NCCL backend knows of libnccl without a GPU: the tables of what NCCL of each version
-can do, and the part of its C API that CuPy does not wrap, reached through ctypes.
+"""The NCCL backend's init: who this rank is, and what NCCL here can do, before any device work.
 
-Why it exists: the transport (:mod:`.transport`) stays one call per collective because every
-question about types, ops and versions is answered here, as data, and tested on the CPU.
+Why it exists: everything the NCCL path knows before a communicator runs is answered here, as
+functions and data that the CPU tests check without a GPU, so that the transport
+(:mod:`.transport`) stays one NCCL call per collective.
 
-- Tables: version codes and gates, the ``ncclDataType_t`` and ``ncclRedOp_t`` tables, and how a
-  denseccl dtype and op map onto them: which type and count a call carries (:func:`elements`),
-  which built-in op it names (:func:`builtin_op`), whether NCCL of its version can run an op on
-  a dtype at all (:func:`check_op`), and the bytes of a PreMulSum factor in the dtype's own
-  format (:func:`premul_scalar`: NumPy, ml_dtypes or a torch cast rounds it).
-- The C API CuPy lacks, vLLM's pynccl pattern: the functions are declared as data
-  (:data:`FUNCTIONS`, each with its C prototype), bound once per library path by
-  :class:`NCCLLibrary`, preferring the libnccl that CuPy already loaded, and every
-  ``ncclResult_t`` goes through one check (``NCCL_CHECK``) that raises :class:`NCCLError` with
-  NCCL's own words. The transport needs it for PreMulSum ops (``ncclRedOpCreatePreMulSum`` /
-  ``ncclRedOpDestroy``) on the communicator's raw handle; what CuPy wraps (the version,
-  ``ncclCommGetAsyncError``, abort) is used through CuPy.
+- Can NCCL run here (:func:`nccl_missing`: CuPy, a visible GPU, a libnccl CuPy can load), and
+  if not, how to fix it.
+- How the ranks of a launch meet (:func:`launch_kind`), in this order: ``store=`` (torch's
+  ``TCPStore`` interface), ``comm=`` (mpi4py), a torchrun-style environment (a ``TCPStore`` at
+  ``MASTER_ADDR:MASTER_PORT``, served by rank 0 or by torchrun's agent), else MPI's
+  ``COMM_WORLD``, or one rank where there is no MPI. Rank 0's NCCL unique id reaches the others
+  over MPI or the store, in the form this CuPy takes; agreement runs on that host channel.
+- Which GPU (:func:`pick_device`): ``device=``, else the local rank (MPI's shared-memory split,
+  else ``LOCAL_RANK`` and its kin) modulo the number of visible GPUs.
+- What NCCL of each version can do: ``ncclDataType_t`` / ``ncclRedOp_t`` tables, version gates,
+  how a dtype and op map onto them (:func:`elements`, :func:`builtin_op`, :func:`check_op`)
+  and a PreMulSum factor's bytes (:func:`premul_scalar`).
+- The libnccl calls CuPy does not wrap (PreMulSum create/destroy, error strings), declared as
+  data (:data:`FUNCTIONS`) and bound through ctypes once per library path by
+  :class:`NCCLLibrary` (vLLM's pynccl pattern). Everything else goes through CuPy.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import math
+import sys
+import warnings
 from typing import Any, ClassVar, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from ... import config
+from ...communicator import Communicator
 from ...dtypes import DTYPES, DType
 from ...errors import ArgumentError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
+from ..rendezvous import env_int, env_launch, env_store, store_namespace
 
-# -- versions ------------------------------------------------------------------------------------
+INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
+UNIQUE_ID_BYTES = 128
+
+# -- is NCCL usable here? -------------------------------------------------------------------------
+
+
+def nccl_missing() -> Optional[str]:
+    """What keeps the nccl backend from running here, with how to fix it; None if nothing."""
+    try:
+        import cupy  # noqa: PLC0415 - optional dependency
+    except ImportError as error:
+        return (
+            f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with "
+            f"{INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
+        )
+    except Exception as error:  # noqa: BLE001 - a broken CUDA install can fail in many ways
+        return (
+            f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); "
+            f"reinstall it with {INSTALL_HINT}"
+        )
+    problems = []
+    try:
+        gpu = bool(cupy.is_available())
+    except Exception:  # noqa: BLE001
+        gpu = False
+    if not gpu:
+        problems.append(
+            "no CUDA GPU is visible (cupy.is_available() is False: this machine has no GPU or driver, or "
+            "CUDA_VISIBLE_DEVICES hides them)"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CuPy warns when libnccl is missing; we say it better below
+        try:
+            from cupy.cuda import nccl  # noqa: PLC0415
+
+            has_nccl = bool(getattr(nccl, "available", False))
+        except Exception:  # noqa: BLE001
+            has_nccl = False
+    if not has_nccl:
+        problems.append(_nccl_load_problem())
+    if not problems:
+        return None
+    return (
+        "the nccl backend cannot run here: "
+        + "; and ".join(problems)
+        + f". Install the GPU stack with {INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
+    )
+
+
+def _nccl_load_problem() -> str:
+    """Why CuPy's NCCL extension (``cupy_backends.cuda.libs.nccl``) does not load, as advice:
+    no libnccl at all, or one too old for the symbols this CuPy was built against."""
+    try:
+        importlib.import_module("cupy_backends.cuda.libs.nccl")
+        error = None
+    except Exception as failure:  # noqa: BLE001 - ImportError or OSError from the dynamic linker
+        error = f"{type(failure).__name__}: {failure}"
+    if error is not None and "undefined symbol" in error:
+        return (
+            f"CuPy's NCCL extension cannot use the libnccl it loaded ({error}): that NCCL is older than this CuPy "
+            "needs. Install a newer one (pip install -U nvidia-nccl-cu12, or nvidia-nccl-cu13 for CUDA 13), or put "
+            "a newer libnccl.so.2 ahead of the old one (LD_LIBRARY_PATH, a system NCCL or a torch wheel's can shadow "
+            "the one denseccl[cuda12] installs)"
+        )
+    if error is not None and "libnccl" not in error:
+        return f"CuPy's NCCL extension failed to load ({error}); reinstall CuPy and NCCL with {INSTALL_HINT}"
+    return (
+        "CuPy cannot load the NCCL library libnccl.so.2 (cupy.cuda.nccl.available is False"
+        + (f": {error}" if error else "")
+        + "): install it with pip install nvidia-nccl-cu12 (or nvidia-nccl-cu13 for CUDA 13), which "
+        "denseccl[cuda12] includes"
+    )
+
+
+def nccl_usable() -> bool:
+    """True when CuPy sees a GPU and can load NCCL (what ``denseccl.init()`` uses to choose)."""
+    return nccl_missing() is None
+
+
+def _require_nccl() -> Tuple[Any, Any]:
+    problem = nccl_missing()
+    if problem is not None:
+        raise DenseCCLError(problem)
+    import cupy  # noqa: PLC0415
+    from cupy.cuda import nccl  # noqa: PLC0415
+
+    return cupy, nccl
+
+
+# -- versions and tables --------------------------------------------------------------------------
 
 
 def version_code(major: int, minor: int, patch: int = 0) -> int:
@@ -56,8 +154,6 @@ SPLIT_SINCE = version_code(2, 18, 1)
 FP8_SINCE = version_code(2, 24)
 #: NCCL reduces fp8 only on GPUs of compute capability 9.0 (sm90) and newer
 FP8_REDUCTION_CAPABILITY = 90
-
-# -- tables --------------------------------------------------------------------------------------
 
 #: ncclDataType_t values (nccl.h), with the first NCCL version that has each.
 NCCL_TYPES: Dict[str, Tuple[int, int]] = {
@@ -205,6 +301,7 @@ def check_op(op: Op, dtype: DType, version: int) -> None:
                 "use a smaller factor or a wider dtype"
             )
 
+
 # -- the C API that CuPy does not wrap, declared as data ------------------------------------------
 
 
@@ -259,8 +356,8 @@ def loaded_nccl_path() -> Optional[str]:
 
 
 class NCCLLibrary:
-    """The functions of :data:`FUNCTIONS`, bound once per library path (vLLM's pynccl
-    pattern). Missing symbols (an old NCCL) are bound as None and raise when called."""
+    """The functions of :data:`FUNCTIONS`, bound once per library path. Missing symbols (an old
+    NCCL) are bound as None and raise when called."""
 
     #: first candidate asked for -> (the path that loaded, its bound functions)
     _bound: ClassVar[Dict[str, Tuple[str, Dict[str, Any]]]] = {}
@@ -327,15 +424,163 @@ class NCCLLibrary:
         self.NCCL_CHECK(self._function("ncclRedOpDestroy")(op, comm), "ncclRedOpDestroy", comm)
 
 
+# -- the unique id, the device, the launch -------------------------------------------------------
+
+
+def unique_id_bytes(unique_id: Any) -> bytes:
+    """NCCL's 128-byte unique id as bytes, from CuPy 14's ``bytes`` or CuPy 13's tuple of
+    (signed) ints."""
+    if isinstance(unique_id, (bytes, bytearray, memoryview)):
+        raw = bytes(unique_id)
+    else:
+        try:
+            raw = bytes(int(value) & 0xFF for value in unique_id)
+        except (TypeError, ValueError):
+            raise DenseCCLError(f"not an NCCL unique id: {type(unique_id).__name__}") from None
+    if len(raw) != UNIQUE_ID_BYTES:
+        raise DenseCCLError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(raw)}")
+    return raw
+
+
+def unique_id_tuple(raw: bytes) -> Tuple[int, ...]:
+    """CuPy 13's form: a tuple of signed chars."""
+    return tuple(value - 256 if value > 127 else value for value in raw)
+
+
+def cupy_wants_bytes(version: str) -> bool:
+    """CuPy >= 14 takes (and ``get_unique_id`` returns) the unique id as bytes; earlier
+    versions as a tuple of signed ints."""
+    try:
+        return int(version.split(".")[0]) >= 14
+    except ValueError:
+        return True
+
+
+def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_version: str) -> Any:
+    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes."""
+    return factory(size, raw if cupy_wants_bytes(cupy_version) else unique_id_tuple(raw), rank)
+
+
+def pick_device(local_rank: Optional[int], rank: int, count: int) -> int:
+    """The local rank (else the global rank) modulo the number of visible devices."""
+    if count < 1:
+        raise DenseCCLError("no CUDA device is visible (check CUDA_VISIBLE_DEVICES)")
+    return (local_rank if local_rank is not None else rank) % count
+
+
+def _use_device(cupy: Any, device: int) -> None:
+    cupy.cuda.Device(device).use()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(device)
+        except Exception:  # noqa: BLE001 - torch is only a guest here
+            pass
+
+
+def launch_kind(*, comm: Any = None, store: Any = None, size: Optional[int] = None, environ: Any = None) -> str:
+    """``"store"``, ``"mpi"``, ``"env"`` (torchrun-style) or ``"solo"``: how ranks meet."""
+    if store is not None:
+        return "store"
+    if comm is not None:
+        return "mpi"
+    if size == 1:
+        return "solo"
+    if env_launch(environ):
+        return "env"
+    if size is not None:
+        raise DenseCCLError(
+            f"size={size} needs a way for the ranks to meet: store= (a TCPStore), comm= (mpi4py), a torchrun-style "
+            "environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or mpiexec"
+        )
+    return "mpi"
+
+
+def _mpi_world() -> Any:
+    """MPI's COMM_WORLD, or None when there is no MPI and no MPI launcher (a single rank)."""
+    try:
+        from mpi4py import MPI  # noqa: PLC0415
+    except Exception as error:  # noqa: BLE001 - ImportError, or no MPI library behind mpi4py
+        if config.launched_by_mpi():
+            raise DenseCCLError(
+                f"this looks like an MPI launch, but mpi4py cannot start ({type(error).__name__}: {error}); install "
+                "it with pip install 'denseccl[mpi]', or launch with torchrun-style variables"
+            ) from None
+        return None
+    return MPI.COMM_WORLD
+
+
+def init_nccl(
+    comm: Any,
+    check: bool,
+    timeout: Optional[float],
+    deadline: Optional[float],
+    *,
+    store: Any = None,
+    rank: Optional[int] = None,
+    size: Optional[int] = None,
+    device: Optional[int] = None,
+    prefix: str = "denseccl",
+) -> Communicator:
+    """A Communicator over NCCL, every step bounded by ``deadline`` (launches and devices: the
+    module docstring)."""
+    cupy, nccl = _require_nccl()
+    from ..store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
+    from .transport import NCCLTransport  # noqa: PLC0415
+
+    kind = launch_kind(comm=comm, store=store, size=size)
+    if kind == "mpi":
+        comm = comm if comm is not None else _mpi_world()
+        kind = "solo" if comm is None else kind
+    count = cupy.cuda.runtime.getDeviceCount()
+    control: Any
+    if kind == "mpi":
+        from mpi4py import MPI  # noqa: PLC0415
+
+        from ..mpi.control import open_control  # noqa: PLC0415
+
+        rank, size = comm.Get_rank(), comm.Get_size()
+        if device is None:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            try:
+                device = pick_device(node.Get_rank(), rank, count)
+            finally:
+                node.Free()
+        _use_device(cupy, device)
+        raw = comm.bcast(unique_id_bytes(nccl.get_unique_id()) if rank == 0 else None, root=0)
+        control = open_control(comm.Dup())
+    else:
+        rank, size = (0, 1) if kind == "solo" else (env_int("RANK", rank), env_int("WORLD_SIZE", size))
+        if kind == "env":
+            store = env_store(rank, size, timeout)
+        device = device if device is not None else pick_device(config.local_rank(), rank, count)
+        _use_device(cupy, device)
+        if kind == "solo":
+            raw = unique_id_bytes(nccl.get_unique_id())
+            control = SoloControl()
+        else:
+            namespace = store_namespace(store, prefix, "nccl", rank)
+            key = f"{namespace}/unique_id"
+            if rank == 0:
+                store.set(key, unique_id_bytes(nccl.get_unique_id()))
+            wait_for_keys(store, [key], deadline, "the NCCL unique id exchange")
+            raw = unique_id_bytes(store.get(key))
+            control = StoreControl(store, rank, size, f"{namespace}/control")
+
+    with cupy.cuda.Device(device):
+        nccl_comm = make_communicator(nccl.NcclCommunicator, size, raw, rank, cupy.__version__)
+    transport = NCCLTransport(nccl_comm, device, timeout=timeout, version=nccl.get_version())
+    try:
+        transport.barrier().synchronize(deadline)  # fail early, in the constructor (vLLM does the same)
+    except BaseException:
+        transport.close()
+        control.close()
+        raise
+    return Communicator(transport, control, check=check, timeout=timeout)
+
+
 __all__ = [
-    "NCCLError",
-    "NCCLLibrary",
-    "check_op",
-    "elements",
-    "max_finite",
-    "nccl_dtypes",
-    "premul_scalar",
-    "reducible_dtypes",
-    "version_code",
-    "version_string",
+    "NCCLError", "NCCLLibrary", "check_op", "elements", "init_nccl", "max_finite", "nccl_dtypes", "nccl_missing",
+    "nccl_usable", "premul_scalar", "reducible_dtypes", "unique_id_bytes", "version_code", "version_string",
 ]
