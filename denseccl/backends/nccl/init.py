@@ -1,18 +1,14 @@
 """The NCCL backend's init: who this rank is, and what NCCL here can do, before any device work.
 
-Why it exists: everything the NCCL path knows before a communicator runs is answered here, as
+Why it exists: everything the NCCL path knows before a communicator runs is answered here, by
 functions and data that the CPU tests check without a GPU, so that the transport
 (:mod:`.transport`) stays one NCCL call per collective.
 
 - Can NCCL run here (:func:`nccl_missing`: CuPy, a visible GPU, a libnccl CuPy can load), and
   if not, how to fix it.
-- How the ranks of a launch meet (:func:`launch_kind`), in this order: ``store=`` (torch's
-  ``TCPStore`` interface), ``comm=`` (mpi4py), a torchrun-style environment (a ``TCPStore`` at
-  ``MASTER_ADDR:MASTER_PORT``, served by rank 0 or by torchrun's agent), else MPI's
-  ``COMM_WORLD``, or one rank where there is no MPI. Rank 0's NCCL unique id reaches the others
-  over MPI or the store, in the form this CuPy takes; agreement runs on that host channel.
-- Which GPU (:func:`pick_device`): ``device=``, else the local rank (MPI's shared-memory split,
-  else ``LOCAL_RANK`` and its kin) modulo the number of visible GPUs.
+- :func:`init_nccl`: how the ranks meet (:func:`launch_kind`: ``store=``, ``comm=``, a
+  torchrun-style environment, MPI's ``COMM_WORLD`` or one rank; docs/nccl.md), which GPU each
+  drives (:func:`pick_device`), and rank 0's unique id sent to the others in CuPy's form.
 - What NCCL of each version can do: ``ncclDataType_t`` / ``ncclRedOp_t`` tables, version gates,
   how a dtype and op map onto them (:func:`elements`, :func:`builtin_op`, :func:`check_op`)
   and a PreMulSum factor's bytes (:func:`premul_scalar`).
@@ -20,7 +16,6 @@ functions and data that the CPU tests check without a GPU, so that the transport
   data (:data:`FUNCTIONS`) and bound through ctypes once per library path by
   :class:`NCCLLibrary` (vLLM's pynccl pattern). Everything else goes through CuPy.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -523,8 +518,8 @@ def init_nccl(
     device: Optional[int] = None,
     prefix: str = "denseccl",
 ) -> Communicator:
-    """A Communicator over NCCL, every step bounded by ``deadline`` (launches and devices: the
-    module docstring)."""
+    """A Communicator over NCCL (launches and devices: docs/nccl.md); the store's unique id
+    exchange and the first barrier are bounded by ``deadline``."""
     cupy, nccl = _require_nccl()
     from ..store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
     from .transport import NCCLTransport  # noqa: PLC0415

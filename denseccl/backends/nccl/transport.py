@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import importlib
 import threading
 import time
@@ -184,16 +185,14 @@ class CudaStreams:
 # -- the watchdog ----------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
 class _Entry:
     """One enqueued collective; ``event`` is set once the enqueue call has returned."""
 
-    __slots__ = ("what", "deadline", "event", "cancelled")
-
-    def __init__(self, what: str, deadline: Optional[float]) -> None:
-        self.what = what
-        self.deadline = deadline
-        self.event: Any = None
-        self.cancelled = False
+    what: str
+    deadline: Optional[float]
+    event: Any = None
+    cancelled: bool = False
 
 
 class Watchdog:
@@ -708,11 +707,9 @@ class NCCLTransport(Transport):
         )
 
     def retire(self) -> None:
-        """Close while work may still run on the communicator (a Work in flight or abandoned):
-        stop watching and refuse new calls, but keep the communicator, its PreMulSum ops and
-        the barrier's scratch for the process's life. ncclCommDestroy under running kernels
-        frees what they use, and so would CuPy, which destroys a communicator when it is
-        garbage collected; the MPI transport keeps its communicators the same way."""
+        """Close while work may still run (a Work in flight or abandoned): stop watching and refuse
+        new calls, but keep the communicator, its PreMulSum ops and the scratch for the process's
+        life; ncclCommDestroy (or CuPy, on garbage collection) would free what running kernels use."""
         if self._closed:
             return
         self._watchdog.close()
