@@ -14,7 +14,8 @@ together here (docs/nccl.md says what users see of them):
   ``cudaEventQuery``'s status, since ``Event.done`` reads a sticky error as "not done".
   :class:`NCCLPending` orders the caller's stream or blocks the host.
 - CUDA graphs: a captured call gets no watchdog entry and its event is never queried; in global
-  capture mode no watchdog of that device queries while a capture it has seen still runs.
+  capture mode no watchdog of that device queries while a capture it has seen still runs, and
+  ``wait_idle`` is the wait for the last eager query that a caller makes before a capture.
 - :class:`Watchdog`: one daemon thread per transport, as in torch's ProcessGroupNCCL, aborts on a
   call unfinished ``timeout`` s after it was enqueued or an asynchronous NCCL error.
 - Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they wait for the
