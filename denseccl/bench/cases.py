@@ -100,6 +100,21 @@ def build(lib: Any, shape: Tuple[int, ...], dtype: str, layout: str, stacked: in
     return lib.mirror(logical, mirrored)
 
 
+def buffers(lib: Any, case: "Case", layout: str, arena: Optional[Arena] = None) -> Tuple[Any, Any]:
+    """``(input, output)`` of ``case`` in ``layout``: the stacked buffer is allgather's output and
+    reduce-scatter's input; the other collectives run in place (the output is the input)."""
+
+    def make(stacked: int, role: str) -> Any:
+        return build(lib, case.shape, case.dtype, layout, stacked, arena=arena, role=role)
+
+    if case.collective == "allgather":
+        return make(0, "input"), make(case.nranks, "output")
+    if case.collective == "reduce_scatter":
+        return make(case.nranks, "input"), make(0, "output")
+    x = make(0, "input")
+    return x, x
+
+
 class Case(NamedTuple):
     """One table row's problem: collective, element type, op, root, count (as nccl-tests
     counts it), layout, and the job's shape."""

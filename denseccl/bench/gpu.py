@@ -12,7 +12,7 @@ Each rank uses GPU ``local_rank % device_count``. Every ``Run.sync`` synchronise
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from . import cases
 from .cases import Case
@@ -72,67 +72,31 @@ class RawNccl(RawContender):
     name = "nccl"
     library = "NCCL"
     no_bfloat16 = "CuPy has no bfloat16"
+    keep_non_root = False
 
-    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
+    def array_lib(self) -> Any:
+        return CupyLib()
+
+    def call(self, case: Case) -> Callable[[Any, Any], None]:
         import cupy  # noqa: PLC0415
         from cupy.cuda import nccl  # noqa: PLC0415
 
         comm = self.job.nccl()
-        lib = CupyLib()
         dtype = _constant(nccl, _NCCL_TYPES, case.dtype, "type")
         op = _constant(nccl, _NCCL_OPS, case.op, "op") if case.op else None
-        c, shape, n, root, count = case.collective, case.shape, case.nranks, case.root, case.count
-        layout = case.layout if self.naive else "contiguous"
-        naive = self.naive
-        on_root = self.job.rank == root
-        contiguous = cupy.ascontiguousarray
+        root, count = case.root, case.count
 
         def stream() -> int:
             return cupy.cuda.get_current_stream().ptr
 
-        if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, layout, arena=arena)
-            out = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena, role="output")
-
-            def allgather() -> None:
-                if naive:
-                    gathered = cupy.empty(out.shape, out.dtype)
-                    source = contiguous(x)
-                    comm.allGather(source.data.ptr, gathered.data.ptr, count, dtype, stream())
-                    out[...] = gathered
-                else:
-                    comm.allGather(x.data.ptr, out.data.ptr, count, dtype, stream())
-
-            return Run(lib, allgather, [x], out)
-        if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena)
-            out = cases.build(lib, shape, case.dtype, layout, arena=arena, role="output")
-
-            def reduce_scatter() -> None:
-                if naive:
-                    block = cupy.empty(out.shape, out.dtype)
-                    source = contiguous(x)
-                    comm.reduceScatter(source.data.ptr, block.data.ptr, count, dtype, op, stream())
-                    out[...] = block
-                else:
-                    comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, op, stream())
-
-            return Run(lib, reduce_scatter, [x], out)
-        x = cases.build(lib, shape, case.dtype, layout, arena=arena)
-
-        def elementwise() -> None:
-            buffer = contiguous(x) if naive else x
-            pointer = buffer.data.ptr
-            if c == "allreduce":
-                comm.allReduce(pointer, pointer, count, dtype, op, stream())
-            elif c == "reduce":
-                comm.reduce(pointer, pointer, count, dtype, op, root, stream())
-            else:
-                comm.bcast(pointer, count, dtype, root, stream())
-            if naive and (c == "allreduce" or (c == "reduce" and on_root) or (c == "broadcast" and not on_root)):
-                x[...] = buffer
-
-        return Run(lib, elementwise, [x], x, keep_non_root=False)
+        calls = {
+            "allreduce": lambda s, t: comm.allReduce(t.data.ptr, t.data.ptr, count, dtype, op, stream()),
+            "reduce": lambda s, t: comm.reduce(t.data.ptr, t.data.ptr, count, dtype, op, root, stream()),
+            "broadcast": lambda s, t: comm.bcast(t.data.ptr, count, dtype, root, stream()),
+            "allgather": lambda s, t: comm.allGather(s.data.ptr, t.data.ptr, count, dtype, stream()),
+            "reduce_scatter": lambda s, t: comm.reduceScatter(s.data.ptr, t.data.ptr, count, dtype, op, stream()),
+        }
+        return calls[case.collective]
 
 
 class Cupyx(Contender):
@@ -154,23 +118,16 @@ class Cupyx(Contender):
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         comm = self.job.cupyx()
         lib = CupyLib()
-        c, shape, n, root, op, count = case.collective, case.shape, case.nranks, case.root, case.op, case.count
-        if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
-            return Run(lib, lambda: comm.all_gather(x, out, count), [x], out)
-        if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
-            return Run(lib, lambda: comm.reduce_scatter(x, out, count, op), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-        if c == "allreduce":
-            step = lambda: comm.all_reduce(x, x, op)  # noqa: E731
-        elif c == "reduce":
-            step = lambda: comm.reduce(x, x, root, op)  # noqa: E731
-        else:
-            step = lambda: comm.broadcast(x, root)  # noqa: E731
-        return Run(lib, step, [x], x, keep_non_root=False)
+        x, out = cases.buffers(lib, case, case.layout, arena)
+        root, op, count = case.root, case.op, case.count
+        steps = {
+            "allreduce": lambda: comm.all_reduce(x, x, op),
+            "reduce": lambda: comm.reduce(x, x, root, op),
+            "broadcast": lambda: comm.broadcast(x, root),
+            "allgather": lambda: comm.all_gather(x, out, count),
+            "reduce_scatter": lambda: comm.reduce_scatter(x, out, count, op),
+        }
+        return Run(lib, steps[case.collective], x, out, keep_non_root=False)
 
 
 DEVICE_CONTENDERS = ("denseccl", "nccl", "naive", "torch-nccl", "cupyx", "denseccl-torch")
