@@ -77,8 +77,8 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     from . import meta  # noqa: PLC0415
     from .job import Job  # noqa: PLC0415 - imports mpi4py
     from .plot import problem as plot_problem  # noqa: PLC0415
-    from .progress import Progress, Silent  # noqa: PLC0415
-    from .runner import Settings, run_all  # noqa: PLC0415
+    from .progress import Progress  # noqa: PLC0415
+    from .runner import run_all  # noqa: PLC0415
     from .table import collective_title, footer, format_row, header  # noqa: PLC0415
 
     job = Job(args.backend)
@@ -91,6 +91,22 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
         missing = job.world.bcast(plot_problem() if lead else None, root=0)
         if missing:
             problems.append(f"{missing}; nothing was run")
+    known: Tuple[str, ...]
+    if args.backend == "mpi":
+        from .contenders import HOST_CONTENDERS, host_contenders  # noqa: PLC0415
+
+        known, make = HOST_CONTENDERS, host_contenders
+    else:
+        from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
+
+        known, make = DEVICE_CONTENDERS, device_contenders
+        gpu = _gpu_problem()
+        if gpu is not None:
+            problems.append(f"--backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays")
+    try:
+        names = cv.expand(args.contenders, known, str.lower)
+    except ValueError as error:
+        problems.append(f"--contenders: {error}")
     if problems:
         if lead:
             for text in problems:
@@ -104,33 +120,10 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     except ImportError:
         pass
     notes: List[str] = []
-    known: Tuple[str, ...]
-    if args.backend == "mpi":
-        from .contenders import HOST_CONTENDERS, host_contenders  # noqa: PLC0415
-
-        known, make = HOST_CONTENDERS, host_contenders
-    else:
-        gpu = _gpu_problem()
-        if gpu is not None:
-            if lead:
-                print(f"denseccl.bench: --backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays",
-                      file=sys.stderr)
-            job.close()
-            return 2
-        from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
-
-        known, make = DEVICE_CONTENDERS, device_contenders
-    try:
-        names = cv.expand(args.contenders, known, str.lower)
-    except ValueError as error:
-        if lead:
-            print(f"denseccl.bench: --contenders: {error}", file=sys.stderr)
-        job.close()
-        return 2
     contenders = make(job, names, plan.agreement, notes, plan.recorder)
     info = meta.gather(job.world)
     found_versions = meta.version_info() if lead else {}
-    progress = Progress(args.progress) if lead else Silent()
+    progress = Progress(args.progress if lead else 0)
 
     def say(line: str) -> None:
         if lead:
@@ -163,11 +156,7 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
             say(format_row(payload, args.memcheck))
 
     started = time.perf_counter()
-    rows = run_all(job, contenders, Settings(
-        collectives=plan.collectives, dtypes=plan.dtypes, ops=plan.ops, sizes=sizes, layouts=plan.layouts,
-        root=args.root, iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds, memcheck=args.memcheck,
-        shared_memory=args.memory == "shared", check=args.check, average=args.average, progress=progress,
-    ), cv.ITEMSIZES, emit)
+    rows = run_all(job, contenders, plan, progress, emit)
     for line in footer(rows):
         say(line)
     failed = any(row.get("denseccl") and (row.get("error") or row.get("wrong")) for row in rows)

@@ -1,9 +1,9 @@
 """Where a long run is, on stderr, so that a sweep that prints nothing for a minute is not
 mistaken for a hang (rows go to stdout as each size completes, as nccl-tests prints them).
 
-A line is written only when nothing was printed for ``every`` seconds. On a terminal the line
-is rewritten in place and erased before the next row; elsewhere (a pipe, mpiexec's forwarding)
-each is a plain line.
+A line is written only when nothing was printed for ``every`` seconds (never with 0: ranks
+other than 0 say nothing). On a terminal the line is rewritten in place and erased before the
+next row; elsewhere (a pipe, mpiexec's forwarding) each is a plain line.
 """
 
 from __future__ import annotations
@@ -56,15 +56,3 @@ class Progress:
         self.stream.flush()
         self.last = now
 
-
-class Silent:
-    """Progress for ranks other than 0."""
-
-    def enter(self, section: str) -> None:
-        pass
-
-    def printed(self) -> None:
-        pass
-
-    def at(self, where: str) -> None:
-        pass

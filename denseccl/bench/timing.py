@@ -5,7 +5,6 @@ alike."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
 
@@ -57,7 +56,3 @@ def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: i
                 tick(f"timing round {k + 1}/{count}, run {i + 1}/{len(runs)}")
             found[name].append(time_once(job, run, iterations, warmup, average))
     return found
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
