@@ -158,22 +158,19 @@ def _storage(dtype: str) -> Any:
     return np.float64 if dtype.startswith(("float", "bfloat")) else np.dtype(dtype)
 
 
+#: how an op combines two ranks' values (avg sums, then divides)
+_COMBINE = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
 def _reduce(case: Case, block: Optional[int]) -> np.ndarray:
     """The reduction over ranks, in the dtype's integer arithmetic or exactly in float64."""
+    combine = _COMBINE.get(case.op)  # type: ignore[arg-type]
+    if combine is None:
+        raise ValueError(f"unknown op {case.op!r}")
     dtype = _storage(case.dtype)
     result = input_values(case, 0, block).astype(dtype)
     for rank in range(1, case.nranks):
-        values = input_values(case, rank, block).astype(dtype)
-        if case.op in ("sum", "avg"):
-            np.add(result, values, out=result, casting="unsafe")
-        elif case.op == "prod":
-            np.multiply(result, values, out=result, casting="unsafe")
-        elif case.op == "min":
-            np.minimum(result, values, out=result)
-        elif case.op == "max":
-            np.maximum(result, values, out=result)
-        else:
-            raise ValueError(f"unknown op {case.op!r}")
+        combine(result, input_values(case, rank, block).astype(dtype), out=result, casting="unsafe")
     if case.op == "avg":
         if dtype == np.float64:
             result = result / case.nranks

@@ -20,13 +20,6 @@ from .contenders import Contender, Denseccl, RawContender, Run, torch_contender
 from .job import Job
 from .libs import CupyLib, TorchLib, Unsupported
 
-_NCCL_TYPES = {
-    "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
-    "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
-    "float64": "NCCL_FLOAT64", "bfloat16": "NCCL_BFLOAT16",
-}
-_NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX", "avg": "NCCL_AVG"}
-
 
 def use_device(job: Job) -> None:
     """Bind this rank to its GPU (before any allocation)."""
@@ -58,9 +51,9 @@ def _torch_device() -> int:
     return cupy.cuda.runtime.getDevice()
 
 
-def _constant(module: Any, table: dict, key: Optional[str], what: str) -> Any:
-    name = table.get(key)  # type: ignore[arg-type]
-    value = getattr(module, name, None) if name else None
+def _constant(nccl: Any, key: str, what: str) -> Any:
+    """NCCL's constant for a type or op name: ``NCCL_FLOAT32`` for float32, ``NCCL_SUM`` for sum."""
+    value = getattr(nccl, f"NCCL_{key.upper()}", None)
     if value is None:
         raise Unsupported(f"this NCCL build has no {what} {key}")
     return value
@@ -82,8 +75,8 @@ class RawNccl(RawContender):
         from cupy.cuda import nccl  # noqa: PLC0415
 
         comm = self.job.nccl()
-        dtype = _constant(nccl, _NCCL_TYPES, case.dtype, "type")
-        op = _constant(nccl, _NCCL_OPS, case.op, "op") if case.op else None
+        dtype = _constant(nccl, case.dtype, "type")
+        op = _constant(nccl, case.op, "op") if case.op else None
         root, count = case.root, case.count
 
         def stream() -> int:

@@ -43,9 +43,8 @@ class Job:
             import denseccl  # noqa: PLC0415
 
             saved = os.environ.get("DENSECCL_TRACE_BUFFER")
-            os.environ["DENSECCL_TRACE_BUFFER"] = "0"
-            if recorder:
-                os.environ["DENSECCL_TRACE_BUFFER"] = saved if saved and saved.strip() not in ("", "0") else RECORDED
+            calls = saved if saved and saved.strip() not in ("", "0") else RECORDED
+            os.environ["DENSECCL_TRACE_BUFFER"] = calls if recorder else "0"
             try:
                 comm = denseccl.init(self.backend, check="always" if check else "off")
             finally:

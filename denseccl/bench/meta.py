@@ -60,9 +60,8 @@ def gather(world: Any) -> Dict[str, Any]:
 def version_info() -> "OrderedDict[str, str]":
     """Versions without importing anything new (see envreport.versions)."""
     found = versions(load=False)
-    found.pop("python", None)
-    found.pop("matplotlib", None)
-    found.pop("ml_dtypes", None)
+    for name in ("python", "matplotlib", "ml_dtypes"):
+        found.pop(name, None)
     return found
 
 

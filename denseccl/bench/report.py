@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Any, Dict, Sequence, Tuple
 
 from .conventions import NCCL_TESTS_NAMES, TYPE_NAMES
+from .plot import size_label
 
 
 def load(path: str) -> Dict[str, Any]:
@@ -24,10 +25,9 @@ def load(path: str) -> Dict[str, Any]:
 
 
 def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
+    """:func:`plot.size_label` spelled for a table: ``4 KiB``, ``64 MiB``, ``1536 B``."""
+    label = size_label(nbytes)
+    return f"{label[:-1]} {label[-1]}iB" if label[-1] in "KMG" else f"{label} B"
 
 
 def scaling(runs: Sequence[Dict[str, Any]]) -> str:

@@ -26,14 +26,11 @@ def verify(job: Job, case: Case, run: Run, memcheck: bool, check: int = 1) -> Tu
     nccl-tests' ``-c``); return (#wrong on this rank, peak bytes traced by tracemalloc during
     the first call when ``memcheck``). With ``check`` 0 the inputs are zeros and the one call
     only has to succeed: #wrong is None."""
-    wrong: Optional[int] = None
-    peak: Optional[int] = None
-    for attempt in range(max(check, 1)):
-        found, traced = _verify_once(job, case, run, memcheck and attempt == 0, check > 0)
-        peak = traced if attempt == 0 else peak
-        wrong = found
-        if found:
+    wrong, peak = _verify_once(job, case, run, memcheck, check > 0)
+    for _ in range(1, check):
+        if wrong:
             break
+        wrong = _verify_once(job, case, run, False, True)[0]
     return wrong, peak
 
 
@@ -41,18 +38,16 @@ def _verify_once(job: Job, case: Case, run: Run, memcheck: bool, compare: bool) 
     run.load(cases.source_values(case) if compare else None)
     run.sync()
     job.world.Barrier()
-    peak = None
     if memcheck:
         tracemalloc.start()
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        run.step()
-        run.sync()
+    run.step()
+    run.sync()
+    peak = None
+    if memcheck:
         peak = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
-    else:
-        run.step()
-        run.sync()
     if not compare:
         return None, peak
     if case.collective == "reduce" and job.rank != case.root and not run.keep_non_root:

@@ -91,18 +91,20 @@ def _measured(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Dict[Case,
     return found
 
 
+def _over_common(measured: Mapping[str, Dict[Any, float]]) -> "Tuple[int, OrderedDict[str, float]]":
+    """(cases, {contender: mean busbw}) over the cases every contender in ``measured`` ran."""
+    common = set.intersection(*(set(cases) for cases in measured.values())) if measured else set()
+    if not common:
+        return 0, OrderedDict()
+    return len(common), OrderedDict((name, sum(c[k] for k in common) / len(common)) for name, c in measured.items())
+
+
 def average_busbw(rows: Iterable[Mapping[str, Any]]) -> "Tuple[OrderedDict[str, float], int]":
     """nccl-tests' 'Avg bus bandwidth' per contender, each over the same cases: those that every
     contender measured. Returns ({contender: mean busbw}, number of cases); empty when no case
     ran for every contender (then only :func:`by_layout` compares them)."""
-    measured = _measured(rows)
-    if not measured:
-        return OrderedDict(), 0
-    common = set.intersection(*(set(cases) for cases in measured.values()))
-    if not common:
-        return OrderedDict(), 0
-    means = OrderedDict((name, sum(cases[k] for k in common) / len(common)) for name, cases in measured.items())
-    return means, len(common)
+    count, means = _over_common(_measured(rows))
+    return means, count
 
 
 def by_layout(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Tuple[int, Dict[str, float]]]":
@@ -115,11 +117,9 @@ def by_layout(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Tuple[int,
     found: "OrderedDict[str, Tuple[int, Dict[str, float]]]" = OrderedDict()
     for layout in layouts:
         present = {name: {k[:4]: v for k, v in cases.items() if k[4] == layout} for name, cases in measured.items()}
-        present = {name: cases for name, cases in present.items() if cases}
-        common = set.intersection(*(set(cases) for cases in present.values()))
-        if common:
-            means = {name: sum(c[k] for k in common) / len(common) for name, c in present.items()}
-            found[layout] = (len(common), means)
+        count, means = _over_common({name: cases for name, cases in present.items() if cases})
+        if count:
+            found[layout] = (count, means)
     return found
 
 

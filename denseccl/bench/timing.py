@@ -17,11 +17,9 @@ def combine(job: Job, seconds: float, average: int = 1) -> float:
     ranks, 2 the minimum, 3 the maximum."""
     if average == 0:
         return float(job.world.bcast(float(seconds), root=0))
-    if average == 2:
-        return float(job.world.allreduce(float(seconds), op=job.MPI.MIN))
-    if average == 3:
-        return float(job.world.allreduce(float(seconds), op=job.MPI.MAX))
-    return job.mean(seconds)
+    if average == 1:
+        return job.mean(seconds)
+    return float(job.world.allreduce(float(seconds), op=job.MPI.MIN if average == 2 else job.MPI.MAX))
 
 
 def time_once(job: Job, run: Run, iterations: int, warmup: int, average: int = 1) -> float:
