@@ -67,15 +67,6 @@ class Contender:
         raise NotImplementedError
 
 
-def _host_lib(dtype: str) -> Any:
-    if dtype == "bfloat16":
-        try:
-            NumpyLib().dtype(dtype)
-        except Unsupported:
-            return TorchLib("cpu")
-    return NumpyLib()
-
-
 class Denseccl(Contender):
     denseccl = True
 
@@ -86,7 +77,13 @@ class Denseccl(Contender):
         self.name = ("denseccl" if check else "denseccl-nocheck") + ("-recorder" if recorder else "")
 
     def lib(self, dtype: str) -> Any:
-        return _host_lib(dtype)
+        """NumPy arrays; for bfloat16 without ml_dtypes, CPU torch tensors."""
+        if dtype == "bfloat16":
+            try:
+                NumpyLib().dtype(dtype)
+            except Unsupported:
+                return TorchLib("cpu")
+        return NumpyLib()
 
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         comm = self.job.denseccl(self.check, self.recorder)
