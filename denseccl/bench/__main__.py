@@ -125,10 +125,10 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     found_versions = meta.version_info() if lead else {}
     progress = Progress(args.progress if lead else 0)
 
-    def say(line: str) -> None:
-        if lead:
+    def say(*lines: str) -> None:
+        if lead and lines:
             progress.printed()
-            print(line, flush=True)
+            print(*lines, sep="\n", flush=True)
 
     sizes = plan.sizes
     say("# denseccl.bench: nccl-tests-style collectives on dense layouts")
@@ -136,29 +136,24 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
         f"  warmup_iters {args.warmup_iters}  check {args.check}"
         f"  average {args.average} ({options.AVERAGES[args.average]})"
         f"  rounds {args.rounds} (median round; contenders alternate)")
-    for line in meta.header_lines(info, found_versions, plan.pin):
-        say(line)
+    say(*meta.header_lines(info, found_versions, plan.pin))
     say(f"#  sizes {sizes[0]}..{sizes[-1]} B ({len(sizes)})  layouts {','.join(plan.layouts)}"
         f"  contenders {','.join(c.name for c in contenders)}")
     say("#  time: per-iteration time after warm-up, combined across ranks by -a; GB = 1e9 B; all calls in place")
     say("#  (allgather and reduce_scatter write a separate output); count is per rank for allgather/reduce_scatter")
     say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
-    for note in notes:
-        say(f"#  skipped contender: {note}")
+    say(*(f"#  skipped contender: {note}" for note in notes))
     say(_waits_line(job.world))
 
     def emit(kind: str, payload: Any) -> None:
         if kind == "block":
-            say(collective_title(*payload))
-            for line in header(args.memcheck):
-                say(line)
+            say(collective_title(*payload), *header(args.memcheck))
         else:
             say(format_row(payload, args.memcheck))
 
     started = time.perf_counter()
     rows = run_all(job, contenders, plan, progress, emit)
-    for line in footer(rows):
-        say(line)
+    say(*footer(rows))
     failed = any(row.get("denseccl") and (row.get("error") or row.get("wrong")) for row in rows)
     if lead:
         if args.json:

@@ -41,14 +41,10 @@ class DensecclDevice(Denseccl):
 
     def lib(self, dtype: str) -> Any:
         if dtype == "bfloat16":
-            return TorchLib(f"cuda:{_torch_device()}")
+            import cupy  # noqa: PLC0415
+
+            return TorchLib(f"cuda:{cupy.cuda.runtime.getDevice()}")
         return CupyLib()
-
-
-def _torch_device() -> int:
-    import cupy  # noqa: PLC0415
-
-    return cupy.cuda.runtime.getDevice()
 
 
 def _constant(nccl: Any, key: str, what: str) -> Any:

@@ -48,7 +48,7 @@ class NumpyLib:
         return array[index]
 
     def assign(self, target: Any, values: np.ndarray) -> None:
-        np.copyto(target, values.reshape(target.shape), casting="unsafe")
+        target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
 
     def fill_zero(self, target: Any) -> None:
         target[...] = 0
@@ -125,12 +125,6 @@ class CupyLib(NumpyLib):
         if name == "bfloat16":
             raise Unsupported("CuPy has no bfloat16")
         return np.dtype(name)
-
-    def assign(self, target: Any, values: np.ndarray) -> None:
-        target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
-
-    def fill_zero(self, target: Any) -> None:
-        target.fill(0)
 
     def to_numpy(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)

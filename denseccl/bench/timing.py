@@ -6,7 +6,7 @@ alike."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Hashable, List, Sequence, Tuple, TypeVar
 
 from .contenders import Run
 from .job import Job
@@ -41,8 +41,8 @@ def time_once(job: Job, run: Run, iterations: int, warmup: int, average: int = 1
 Key = TypeVar("Key", bound=Hashable)
 
 
-def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: int, count: int, average: int = 1,
-           tick: Optional[Callable[[str], None]] = None) -> Dict[Key, List[float]]:
+def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: int, count: int, average: int,
+           tick: Callable[[str], None]) -> Dict[Key, List[float]]:
     """Per contender, the seconds per iteration of each round (combined over ranks). Round ``k``
     starts with contender ``k mod len(runs)`` so that no contender always goes first. ``tick``
     hears where the timing is (for progress lines)."""
@@ -50,7 +50,6 @@ def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: i
     for k in range(count):
         for i in range(len(runs)):
             name, run = runs[(k + i) % len(runs)]
-            if tick is not None:
-                tick(f"timing round {k + 1}/{count}, run {i + 1}/{len(runs)}")
+            tick(f"timing round {k + 1}/{count}, run {i + 1}/{len(runs)}")
             found[name].append(time_once(job, run, iterations, warmup, average))
     return found
