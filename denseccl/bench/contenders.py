@@ -226,25 +226,20 @@ class TorchDistributed(Contender):
                "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
         op = ops.get(case.op)  # type: ignore[arg-type]
         x, out = cases.buffers(lib, case, case.layout, arena)
-        if c == "allgather":
-            flat = _merge_dim0(out)
-            if flat is not None:
-                return Run(lib, lambda: all_gather_single(flat, x, group=group), x, out)
-            blocks = list(out.unbind(0))
-            return Run(lib, lambda: dist.all_gather(blocks, x, group=group), x, out)
-        if c == "reduce_scatter":
-            flat = _merge_dim0(x)
-            if flat is not None:
-                return Run(lib, lambda: reduce_scatter_single(out, flat, op=op, group=group), x, out)
-            blocks = list(x.unbind(0))
-            return Run(lib, lambda: dist.reduce_scatter(out, blocks, op=op, group=group), x, out)
-        if c == "allreduce":
-            step = lambda: dist.all_reduce(x, op=op, group=group)  # noqa: E731
-        elif c == "reduce":
-            step = lambda: dist.reduce(x, dst=root, op=op, group=group)  # noqa: E731
-        else:
-            step = lambda: dist.broadcast(x, src=root, group=group)  # noqa: E731
-        return Run(lib, step, x, out, keep_non_root=self.denseccl)
+        stacked = {"allgather": out, "reduce_scatter": x}.get(c)
+        flat = None if stacked is None else _merge_dim0(stacked)
+        steps = {
+            "allreduce": lambda: dist.all_reduce(x, op=op, group=group),
+            "reduce": lambda: dist.reduce(x, dst=root, op=op, group=group),
+            "broadcast": lambda: dist.broadcast(x, src=root, group=group),
+            "allgather": lambda: all_gather_single(flat, x, group=group),
+            "reduce_scatter": lambda: reduce_scatter_single(out, flat, op=op, group=group),
+        }
+        if stacked is not None and flat is None:  # blocks that are not one tensor: the list forms
+            blocks = list(stacked.unbind(0))
+            steps["allgather"] = lambda: dist.all_gather(blocks, x, group=group)
+            steps["reduce_scatter"] = lambda: dist.reduce_scatter(out, blocks, op=op, group=group)
+        return Run(lib, steps[c], x, out, keep_non_root=self.denseccl)
 
 
 def _merge_dim0(stacked: Any) -> Any:
@@ -263,18 +258,15 @@ def _cuda_count() -> int:
     return max(torch.cuda.device_count(), 1)
 
 
-def torch_available() -> bool:
-    try:
-        import torch.distributed as dist  # noqa: PLC0415
-    except ImportError:
-        return False
-    return dist.is_available()
-
-
 def torch_contender(job: Job, row: str, notes: List[str], device: str = "cpu") -> List[Contender]:
     """The torch.distributed contender of ``row`` (:data:`TORCH_ROWS`) where it can run here;
     else none, and a note saying why."""
-    reason = None if torch_available() else "torch is not installed"
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        reason = None if dist.is_available() else "torch is not installed"
+    except ImportError:
+        reason = "torch is not installed"
     if reason is None and row == "denseccl-torch":
         try:
             import denseccl.torch  # noqa: F401, PLC0415

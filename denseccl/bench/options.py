@@ -1,13 +1,9 @@
 """The benchmark's command line, parsed and checked before any rank talks to another.
 
-Where nccl-tests has a flag, it means the same here (``src/common.cu``): ``-b/--minbytes``,
-``-e/--maxbytes``, ``-i/--stepbytes``, ``-f/--stepfactor`` (a factor > 1 wins over the step in
-bytes), ``-n/--iters``, ``-w/--warmup_iters``, ``-c/--check`` (check iterations, 0 = none),
-``-o/--op``, ``-d/--datatype``, ``-r/--root``, ``-a/--average``, with nccl-tests' defaults (one
-32 MiB size, 5 warm-up and 20 timed iterations, one check). The collective, which nccl-tests
-selects by binary (``all_reduce_perf``), is ``--collective``; denseccl's own settings have long
-names only. nccl-tests flags without a meaning here (``-t -g -m -p -z -y -T -G -C -F``) are
-refused rather than reused.
+Where nccl-tests has a flag (``src/common.cu``), it means the same here and has the same default;
+the collective, which nccl-tests selects by binary, is ``--collective``; denseccl's own settings
+have long names only. nccl-tests flags without a meaning here are refused rather than reused.
+docs/benchmark.md (Flags) lists every flag.
 """
 
 from __future__ import annotations

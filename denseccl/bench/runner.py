@@ -82,10 +82,7 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
             if contender.skip(case) is not None:
                 continue
             row: Row = dict(base, contender=contender.name, denseccl=contender.denseccl)
-            run: Optional[Run] = None
             error: Optional[str] = None
-            wrong: Optional[int] = None
-            peak: Optional[int] = None
             progress.at(f"checking case {number + 1}/{len(group)}, {contender.name}")
             try:
                 run = contender.prepare(case, arena)
@@ -104,8 +101,7 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
             row["wrong"] = None if plan.check == 0 else job.total(wrong or 0)
             if plan.memcheck and contender.denseccl:
                 row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
-            assert run is not None
-            run.load(None)
+            run.load(None)  # every rank prepared it: no rank had an error
             timed.append((_key(row), run))
             rows.append(row)
     if timed:
@@ -132,7 +128,7 @@ def run_all(job: Job, contenders: Sequence[Contender], plan: Plan, progress: Pro
             emit("block", (collective, op))
             for number, size in enumerate(plan.sizes):
                 progress.enter(f"{NCCL_TESTS_NAMES[collective]} {op or ''} {size} B (size {number + 1}/"
-                                        f"{len(plan.sizes)})".replace("  ", " "))
+                               f"{len(plan.sizes)})".replace("  ", " "))
                 group: List[Case] = []
                 for dtype in plan.dtypes:
                     count = count_for(collective, size, ITEMSIZES[dtype], job.size)
