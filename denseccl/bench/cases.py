@@ -57,10 +57,8 @@ def logical_shape(count: int) -> Tuple[int, int, int, int]:
 
 class Arena:
     """Memory that every run of one group of cases shares (runner.run_group): one input and one
-    output region per kind of memory, grown as needed. Every contender and layout of a size then
-    works on the same physical pages, so that a comparison measures the collective, not where
-    the allocator happened to put each array (whether it got transparent huge pages, for
-    instance: NumPy asks for them, torch does not, worth about 20% in MPI's copies here)."""
+    output region per kind of memory, grown as needed, so that a comparison measures the
+    collective, not where the allocator put each array (docs/benchmark.md, Same memory)."""
 
     def __init__(self) -> None:
         self._host: Dict[str, np.ndarray] = {}
@@ -134,28 +132,21 @@ class Case(NamedTuple):
         return logical_shape(self.count)
 
 
-def _signed(dtype: str) -> bool:
-    return not dtype.startswith("uint")
-
-
 def input_values(case: Case, rank: int, block: Optional[int] = None) -> np.ndarray:
     """Rank ``rank``'s input, flat in logical order; ``block`` selects one block of a
     reduce-scatter input. float64 for float types, int64 otherwise."""
     i = np.arange(case.count, dtype=np.int64)
     salt = rank * 5 + (0 if block is None else block * 3)
+    signed = not case.dtype.startswith("uint")
     if case.op == "prod":
         values = np.where((i + salt) % 7 == 0, 2, 1)
-        if _signed(case.dtype):
+        if signed:
             values = np.where((i + salt) % 3 == 0, -values, values)
     else:
         values = (i * 7 + salt) % 11
-        if _signed(case.dtype):
+        if signed:
             values -= 5
     return values.astype(np.float64) if case.dtype.startswith(("float", "bfloat")) else values
-
-
-def _storage(dtype: str) -> Any:
-    return np.float64 if dtype.startswith(("float", "bfloat")) else np.dtype(dtype)
 
 
 #: how an op combines two ranks' values (avg sums, then divides)
@@ -167,7 +158,7 @@ def _reduce(case: Case, block: Optional[int]) -> np.ndarray:
     combine = _COMBINE.get(case.op)  # type: ignore[arg-type]
     if combine is None:
         raise ValueError(f"unknown op {case.op!r}")
-    dtype = _storage(case.dtype)
+    dtype: Any = np.float64 if case.dtype.startswith(("float", "bfloat")) else np.dtype(case.dtype)
     result = input_values(case, 0, block).astype(dtype)
     for rank in range(1, case.nranks):
         combine(result, input_values(case, rank, block).astype(dtype), out=result, casting="unsafe")

@@ -114,6 +114,8 @@ class RawContender(Contender):
     no_bfloat16 = "?"
     #: :attr:`Run.keep_non_root` of the library's reduce
     keep_non_root = True
+    #: the class of the library's arrays (libs.NumpyLib, libs.CupyLib)
+    array_lib: Any = None
 
     def __init__(self, job: Job, naive: bool = False) -> None:
         super().__init__(job)
@@ -129,9 +131,6 @@ class RawContender(Contender):
         if case.dtype == "bfloat16":
             return self.no_bfloat16
         return None
-
-    def array_lib(self) -> Any:
-        raise NotImplementedError
 
     def call(self, case: Case) -> Callable[[Any, Any], None]:
         """The library's collective on (contiguous input, contiguous output), the same array for
@@ -164,9 +163,7 @@ class RawMPI(RawContender):
     name = "mpi4py"
     library = "mpi4py"
     no_bfloat16 = "MPI has no bfloat16"
-
-    def array_lib(self) -> Any:
-        return NumpyLib()
+    array_lib = NumpyLib
 
     def call(self, case: Case) -> Callable[[Any, Any], None]:
         world, root, n = self.job.world, case.root, case.nranks
@@ -281,9 +278,8 @@ def torch_contender(job: Job, row: str, notes: List[str], device: str = "cpu") -
 HOST_CONTENDERS = ("denseccl", "mpi4py", "naive", "gloo", "denseccl-torch")
 
 
-def host_contenders(
-    job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str], recorders: Sequence[bool] = (False,)
-) -> List[Contender]:
+def host_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str],
+                    recorders: Sequence[bool] = (False,)) -> List[Contender]:
     """The requested host contenders that can run here (and a note for each that cannot)."""
     found: List[Contender] = []
     for name in names:

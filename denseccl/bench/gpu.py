@@ -37,9 +37,8 @@ def use_device(job: Job) -> None:
 
 
 class DensecclDevice(Denseccl):
-    """denseccl with the NCCL backend; CuPy arrays (torch CUDA tensors for bfloat16)."""
-
     def lib(self, dtype: str) -> Any:
+        """CuPy arrays; torch CUDA tensors for bfloat16 (CuPy has none)."""
         if dtype == "bfloat16":
             import cupy  # noqa: PLC0415
 
@@ -56,15 +55,11 @@ def _constant(nccl: Any, key: str, what: str) -> Any:
 
 
 class RawNccl(RawContender):
-    """cupy.cuda.nccl on CuPy arrays."""
-
     name = "nccl"
     library = "NCCL"
     no_bfloat16 = "CuPy has no bfloat16"
     keep_non_root = False
-
-    def array_lib(self) -> Any:
-        return CupyLib()
+    array_lib = CupyLib
 
     def call(self, case: Case) -> Callable[[Any, Any], None]:
         import cupy  # noqa: PLC0415
@@ -89,8 +84,6 @@ class RawNccl(RawContender):
 
 
 class Cupyx(Contender):
-    """cupyx.distributed's NCCL backend (no avg op; C- or F-contiguous arrays only)."""
-
     name = "cupyx"
 
     def skip(self, case: Case) -> Optional[str]:
@@ -122,9 +115,8 @@ class Cupyx(Contender):
 DEVICE_CONTENDERS = ("denseccl", "nccl", "naive", "torch-nccl", "cupyx", "denseccl-torch")
 
 
-def device_contenders(
-    job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str], recorders: Sequence[bool] = (False,)
-) -> List[Contender]:
+def device_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str],
+                      recorders: Sequence[bool] = (False,)) -> List[Contender]:
     """The requested GPU contenders that can run here (and a note for each that cannot);
     ``recorders`` is the host backend's (--recorder): device rows run without the recorder."""
     use_device(job)

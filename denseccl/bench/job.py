@@ -103,13 +103,6 @@ class Job:
             self._cupyx = cupyx.distributed.init_process_group(self.size, self.rank, use_mpi=True)
         return self._cupyx
 
-    def mean(self, value: float) -> float:
-        """``value`` averaged over ranks."""
-        return self.world.allreduce(float(value)) / self.size
-
-    def total(self, value: int) -> int:
-        return int(self.world.allreduce(int(value)))
-
     def any(self, flag: bool) -> bool:
         return bool(self.world.allreduce(int(bool(flag)), op=self.MPI.MAX))
 

@@ -98,7 +98,7 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
                 row.update(error=messages[0], wrong=None, time_us=float("nan"), algbw=float("nan"), busbw=float("nan"))
                 rows.append(row)
                 continue
-            row["wrong"] = None if plan.check == 0 else job.total(wrong or 0)
+            row["wrong"] = None if plan.check == 0 else int(job.world.allreduce(int(wrong or 0)))
             if plan.memcheck and contender.denseccl:
                 row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
             run.load(None)  # every rank prepared it: no rank had an error

@@ -18,7 +18,7 @@ def combine(job: Job, seconds: float, average: int = 1) -> float:
     if average == 0:
         return float(job.world.bcast(float(seconds), root=0))
     if average == 1:
-        return job.mean(seconds)
+        return float(job.world.allreduce(float(seconds))) / job.size
     return float(job.world.allreduce(float(seconds), op=job.MPI.MIN if average == 2 else job.MPI.MAX))
 
 
