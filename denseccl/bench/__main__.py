@@ -130,14 +130,13 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
             progress.printed()
             print(*lines, sep="\n", flush=True)
 
-    sizes = plan.sizes
     say("# denseccl.bench: nccl-tests-style collectives on dense layouts")
     say(f"#  nranks {job.size}  backend {args.backend}  agreement {args.agreement}  iters {args.iters}"
         f"  warmup_iters {args.warmup_iters}  check {args.check}"
         f"  average {args.average} ({options.AVERAGES[args.average]})"
         f"  rounds {args.rounds} (median round; contenders alternate)")
     say(*meta.header_lines(info, found_versions, plan.pin))
-    say(f"#  sizes {sizes[0]}..{sizes[-1]} B ({len(sizes)})  layouts {','.join(plan.layouts)}"
+    say(f"#  sizes {plan.sizes[0]}..{plan.sizes[-1]} B ({len(plan.sizes)})  layouts {','.join(plan.layouts)}"
         f"  contenders {','.join(c.name for c in contenders)}")
     say("#  time: per-iteration time after warm-up, combined across ranks by -a; GB = 1e9 B; all calls in place")
     say("#  (allgather and reduce_scatter write a separate output); count is per rank for allgather/reduce_scatter")

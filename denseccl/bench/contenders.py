@@ -100,10 +100,6 @@ class Denseccl(Contender):
         return Run(lib, steps[case.collective], x, out)
 
 
-def _mpi_op(mpi: Any, op: Optional[str]) -> Any:
-    return {"sum": mpi.SUM, "avg": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX, None: None}[op]
-
-
 class RawContender(Contender):
     """A library called directly on contiguous arrays; with ``naive`` (the row "naive") the arrays
     have the case's layout and each call copies to contiguous and back, allocating as a user
@@ -166,9 +162,9 @@ class RawMPI(RawContender):
     array_lib = NumpyLib
 
     def call(self, case: Case) -> Callable[[Any, Any], None]:
-        world, root, n = self.job.world, case.root, case.nranks
-        op = _mpi_op(self.job.MPI, case.op)
-        in_place = self.job.MPI.IN_PLACE
+        world, root, n, mpi = self.job.world, case.root, case.nranks, self.job.MPI
+        op = {"sum": mpi.SUM, "avg": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX, None: None}[case.op]
+        in_place = mpi.IN_PLACE
         on_root = self.job.rank == root
         calls = {
             "allreduce": lambda s, t: world.Allreduce(in_place, t, op),

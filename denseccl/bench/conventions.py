@@ -41,11 +41,10 @@ LAYOUTS: Tuple[str, ...] = ("contiguous", "channels_last", "transposed", "revers
 
 def bus_factor(collective: str, nranks: int) -> float:
     """busbw / algbw for ``collective`` on ``nranks`` ranks (nccl-tests' factors)."""
-    n = nranks
     if collective == "allreduce":
-        return 2.0 * (n - 1) / n
+        return 2.0 * (nranks - 1) / nranks
     if collective in ("allgather", "reduce_scatter"):
-        return (n - 1) / n
+        return (nranks - 1) / nranks
     if collective in ("broadcast", "reduce"):
         return 1.0
     raise ValueError(f"unknown collective {collective!r}")

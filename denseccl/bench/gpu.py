@@ -25,8 +25,7 @@ def use_device(job: Job) -> None:
     """Bind this rank to its GPU (before any allocation)."""
     import cupy  # noqa: PLC0415
 
-    count = cupy.cuda.runtime.getDeviceCount()
-    cupy.cuda.Device(job.local_rank % max(count, 1)).use()
+    cupy.cuda.Device(job.local_rank % max(cupy.cuda.runtime.getDeviceCount(), 1)).use()
     try:
         import torch  # noqa: PLC0415
 

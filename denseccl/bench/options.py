@@ -152,20 +152,12 @@ def plan(args: argparse.Namespace) -> Plan:
         dtypes=cv.expand(args.datatype, tuple(cv.TYPE_NAMES), cv.dtype_name),
         ops=cv.expand(args.op, cv.OPS, str.lower),
         layouts=cv.expand(args.layouts, cv.LAYOUTS, str.lower),
-        sizes=cv.sizes(
-            cv.parse_size(args.minbytes), cv.parse_size(args.maxbytes), args.stepfactor, cv.parse_size(args.stepbytes)
-        ),
+        sizes=cv.sizes(cv.parse_size(args.minbytes), cv.parse_size(args.maxbytes), args.stepfactor,
+                       cv.parse_size(args.stepbytes)),
         agreement=agreement(args.agreement),
         recorder=agreement(args.recorder, "--recorder"),
-        pin=args.pin,
-        root=args.root,
-        iterations=args.iters,
-        warmup=args.warmup_iters,
-        rounds=args.rounds,
-        memcheck=args.memcheck,
-        shared_memory=args.memory == "shared",
-        check=args.check,
-        average=args.average,
+        pin=args.pin, root=args.root, iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds,
+        memcheck=args.memcheck, shared_memory=args.memory == "shared", check=args.check, average=args.average,
     )
 
 

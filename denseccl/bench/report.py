@@ -97,14 +97,11 @@ def types(run: Dict[str, Any], base: str = "float32") -> str:
 def main(argv: Sequence[str] = ()) -> int:
     p = argparse.ArgumentParser(prog="python -m denseccl.bench.report", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    s = sub.add_parser("scaling", help="busbw by size and rank count")
-    s.add_argument("files", nargs="+")
+    sub.add_parser("scaling", help="busbw by size and rank count").add_argument("files", nargs="+")
     r = sub.add_parser("ratio", help="time ratio of two layout/contender rows")
-    r.add_argument("file")
-    r.add_argument("first")
-    r.add_argument("second")
-    t = sub.add_parser("types", help="time of each element type over float32's")
-    t.add_argument("file")
+    for name in ("file", "first", "second"):
+        r.add_argument(name)
+    sub.add_parser("types", help="time of each element type over float32's").add_argument("file")
     args = p.parse_args(list(argv) or None)
     if args.what == "scaling":
         print(scaling([load(f) for f in args.files]))
