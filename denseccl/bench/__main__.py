@@ -1,9 +1,6 @@
-"""``python -m denseccl.bench``: the nccl-tests-style benchmark. Run it under mpiexec:
+"""``python -m denseccl.bench``: the nccl-tests-style benchmark (docs/benchmark.md), under mpiexec::
 
     launch/run -n 2 python -m denseccl.bench -b 4K -e 64M -f 4 --collective allreduce
-
-Flags that nccl-tests has mean the same here (``-b -e -f -i -n -w -c -o -d -r -a``); see
-``--help`` and options.py.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import warnings
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import conventions as cv
-from . import options
+from . import meta, options
 
 
 def _gpu_problem() -> Optional[str]:
@@ -56,8 +53,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as error:
         print(f"denseccl.bench: {error}", file=sys.stderr)
         return 2
-    from . import meta  # noqa: PLC0415
-
     pin_problem = meta.pin(plan.pin)  # before MPI and torch start threads, which inherit the mask
     # Library warnings (a missing kernel, a deprecation) would land between the table's rows:
     # they are collected and printed after the footer instead.
@@ -74,7 +69,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
-    from . import meta  # noqa: PLC0415
     from .job import Job  # noqa: PLC0415 - imports mpi4py
     from .plot import problem as plot_problem  # noqa: PLC0415
     from .progress import Progress  # noqa: PLC0415

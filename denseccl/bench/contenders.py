@@ -8,8 +8,6 @@
   one, call mpi4py, copy the result back (non-contiguous rows only).
 * ``gloo``: torch.distributed's gloo on torch tensors with the same layout.
 * ``denseccl-torch``: torch.distributed with denseccl's backend (``import denseccl.torch``).
-
-A contender prepares a :class:`Run` per case: its buffers and one ``step`` = one collective.
 """
 
 from __future__ import annotations

@@ -94,8 +94,7 @@ class TorchLib:
         return array
 
     def assign(self, target: Any, values: np.ndarray) -> None:
-        source = self.torch.from_numpy(np.ascontiguousarray(values).reshape(tuple(target.shape)))
-        target.copy_(source)
+        target.copy_(self.torch.from_numpy(np.ascontiguousarray(values).reshape(tuple(target.shape))))
 
     def fill_zero(self, target: Any) -> None:
         target.zero_()

@@ -127,8 +127,7 @@ def pin_cpus(spec: str, usable: Sequence[int], local_rank: int) -> Set[int]:
     """The CPUs ``--pin spec`` gives this rank. ``core``: the ``local_rank``-th of ``usable``
     (wrapping around); otherwise a taskset-style list (``0``, ``0-3``, ``0,2``) for every rank."""
     if spec.strip().lower() == "core":
-        ordered = sorted(usable)
-        return {ordered[local_rank % len(ordered)]}
+        return {sorted(usable)[local_rank % len(usable)]}
     found: Set[int] = set()
     for part in spec.split(","):
         first, dash, last = part.strip().partition("-")

@@ -14,9 +14,8 @@ from typing import Callable, Optional, TextIO
 
 
 class Progress:
-    def __init__(
-        self, every: float, stream: Optional[TextIO] = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, every: float, stream: Optional[TextIO] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.every = every
         self.stream = stream if stream is not None else sys.stderr
         self.clock = clock
@@ -42,10 +41,8 @@ class Progress:
 
     def at(self, where: str) -> None:
         """The run reached ``where``; say so if nothing was printed for ``every`` seconds."""
-        if self.every <= 0:
-            return
         now = self.clock()
-        if now - self.last < self.every:
+        if self.every <= 0 or now - self.last < self.every:
             return
         text = f"denseccl.bench: {now - self.started:.0f} s: {self.section}: {where}"
         if self.tty:

@@ -89,8 +89,7 @@ def types(run: Dict[str, Any], base: str = "float32") -> str:
         if reference is None or dtype == base:
             continue
         lines.append(f"| {NCCL_TESTS_NAMES[collective]} | {layout} | {contender} | {_size(size)} | "
-                     f"{TYPE_NAMES.get(dtype, dtype)} | "
-                     f"{row['time_us']:.1f} | {_ratio(row, reference):.2f} |")
+                     f"{TYPE_NAMES.get(dtype, dtype)} | {row['time_us']:.1f} | {_ratio(row, reference):.2f} |")
     return "\n".join(lines)
 
 
