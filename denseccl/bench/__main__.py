@@ -1,9 +1,6 @@
-"""``python -m denseccl.bench``: the nccl-tests-style benchmark. Run it under mpiexec:
+"""``python -m denseccl.bench``: the nccl-tests-style benchmark (docs/benchmark.md), under mpiexec::
 
     launch/run -n 2 python -m denseccl.bench -b 4K -e 64M -f 4 --collective allreduce
-
-Flags that nccl-tests has mean the same here (``-b -e -f -i -n -w -c -o -d -r -a``); see
-``--help`` and options.py.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import warnings
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import conventions as cv
-from . import options
+from . import meta, options
 
 
 def _gpu_problem() -> Optional[str]:
@@ -56,8 +53,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as error:
         print(f"denseccl.bench: {error}", file=sys.stderr)
         return 2
-    from . import meta  # noqa: PLC0415
-
     pin_problem = meta.pin(plan.pin)  # before MPI and torch start threads, which inherit the mask
     # Library warnings (a missing kernel, a deprecation) would land between the table's rows:
     # they are collected and printed after the footer instead.
@@ -74,11 +69,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
-    from . import meta  # noqa: PLC0415
     from .job import Job  # noqa: PLC0415 - imports mpi4py
     from .plot import problem as plot_problem  # noqa: PLC0415
-    from .progress import Progress, Silent  # noqa: PLC0415
-    from .runner import Settings, run_all  # noqa: PLC0415
+    from .progress import Progress  # noqa: PLC0415
+    from .runner import run_all  # noqa: PLC0415
     from .table import collective_title, footer, format_row, header  # noqa: PLC0415
 
     job = Job(args.backend)
@@ -91,6 +85,22 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
         missing = job.world.bcast(plot_problem() if lead else None, root=0)
         if missing:
             problems.append(f"{missing}; nothing was run")
+    known: Tuple[str, ...]
+    if args.backend == "mpi":
+        from .contenders import HOST_CONTENDERS, host_contenders  # noqa: PLC0415
+
+        known, make = HOST_CONTENDERS, host_contenders
+    else:
+        from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
+
+        known, make = DEVICE_CONTENDERS, device_contenders
+        gpu = _gpu_problem()
+        if gpu is not None:
+            problems.append(f"--backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays")
+    try:
+        names = cv.expand(args.contenders, known, str.lower)
+    except ValueError as error:
+        problems.append(f"--contenders: {error}")
     if problems:
         if lead:
             for text in problems:
@@ -104,72 +114,39 @@ def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     except ImportError:
         pass
     notes: List[str] = []
-    known: Tuple[str, ...]
-    if args.backend == "mpi":
-        from .contenders import HOST_CONTENDERS, host_contenders  # noqa: PLC0415
-
-        known, make = HOST_CONTENDERS, host_contenders
-    else:
-        gpu = _gpu_problem()
-        if gpu is not None:
-            if lead:
-                print(f"denseccl.bench: --backend nccl needs a GPU: {gpu}; use --backend mpi for host arrays",
-                      file=sys.stderr)
-            job.close()
-            return 2
-        from .gpu import DEVICE_CONTENDERS, device_contenders  # noqa: PLC0415
-
-        known, make = DEVICE_CONTENDERS, device_contenders
-    try:
-        names = cv.expand(args.contenders, known, str.lower)
-    except ValueError as error:
-        if lead:
-            print(f"denseccl.bench: --contenders: {error}", file=sys.stderr)
-        job.close()
-        return 2
     contenders = make(job, names, plan.agreement, notes, plan.recorder)
     info = meta.gather(job.world)
     found_versions = meta.version_info() if lead else {}
-    progress = Progress(args.progress) if lead else Silent()
+    progress = Progress(args.progress if lead else 0)
 
-    def say(line: str) -> None:
-        if lead:
+    def say(*lines: str) -> None:
+        if lead and lines:
             progress.printed()
-            print(line, flush=True)
+            print(*lines, sep="\n", flush=True)
 
-    sizes = plan.sizes
     say("# denseccl.bench: nccl-tests-style collectives on dense layouts")
     say(f"#  nranks {job.size}  backend {args.backend}  agreement {args.agreement}  iters {args.iters}"
         f"  warmup_iters {args.warmup_iters}  check {args.check}"
         f"  average {args.average} ({options.AVERAGES[args.average]})"
         f"  rounds {args.rounds} (median round; contenders alternate)")
-    for line in meta.header_lines(info, found_versions, plan.pin):
-        say(line)
-    say(f"#  sizes {sizes[0]}..{sizes[-1]} B ({len(sizes)})  layouts {','.join(plan.layouts)}"
+    say(*meta.header_lines(info, found_versions, plan.pin))
+    say(f"#  sizes {plan.sizes[0]}..{plan.sizes[-1]} B ({len(plan.sizes)})  layouts {','.join(plan.layouts)}"
         f"  contenders {','.join(c.name for c in contenders)}")
     say("#  time: per-iteration time after warm-up, combined across ranks by -a; GB = 1e9 B; all calls in place")
     say("#  (allgather and reduce_scatter write a separate output); count is per rank for allgather/reduce_scatter")
     say(f"#  memory: {args.memory} (shared: the contenders and layouts of one size run on the same buffers)")
-    for note in notes:
-        say(f"#  skipped contender: {note}")
+    say(*(f"#  skipped contender: {note}" for note in notes))
     say(_waits_line(job.world))
 
     def emit(kind: str, payload: Any) -> None:
         if kind == "block":
-            say(collective_title(*payload))
-            for line in header(args.memcheck):
-                say(line)
+            say(collective_title(*payload), *header(args.memcheck))
         else:
             say(format_row(payload, args.memcheck))
 
     started = time.perf_counter()
-    rows = run_all(job, contenders, Settings(
-        collectives=plan.collectives, dtypes=plan.dtypes, ops=plan.ops, sizes=sizes, layouts=plan.layouts,
-        root=args.root, iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds, memcheck=args.memcheck,
-        shared_memory=args.memory == "shared", check=args.check, average=args.average, progress=progress,
-    ), cv.ITEMSIZES, emit)
-    for line in footer(rows):
-        say(line)
+    rows = run_all(job, contenders, plan, progress, emit)
+    say(*footer(rows))
     failed = any(row.get("denseccl") and (row.get("error") or row.get("wrong")) for row in rows)
     if lead:
         if args.json:

@@ -57,10 +57,8 @@ def logical_shape(count: int) -> Tuple[int, int, int, int]:
 
 class Arena:
     """Memory that every run of one group of cases shares (runner.run_group): one input and one
-    output region per kind of memory, grown as needed. Every contender and layout of a size then
-    works on the same physical pages, so that a comparison measures the collective, not where
-    the allocator happened to put each array (whether it got transparent huge pages, for
-    instance: NumPy asks for them, torch does not, worth about 20% in MPI's copies here)."""
+    output region per kind of memory, grown as needed, so that a comparison measures the
+    collective, not where the allocator put each array (docs/benchmark.md, Same memory)."""
 
     def __init__(self) -> None:
         self._host: Dict[str, np.ndarray] = {}
@@ -100,6 +98,21 @@ def build(lib: Any, shape: Tuple[int, ...], dtype: str, layout: str, stacked: in
     return lib.mirror(logical, mirrored)
 
 
+def buffers(lib: Any, case: "Case", layout: str, arena: Optional[Arena] = None) -> Tuple[Any, Any]:
+    """``(input, output)`` of ``case`` in ``layout``: the stacked buffer is allgather's output and
+    reduce-scatter's input; the other collectives run in place (the output is the input)."""
+
+    def make(stacked: int, role: str) -> Any:
+        return build(lib, case.shape, case.dtype, layout, stacked, arena=arena, role=role)
+
+    if case.collective == "allgather":
+        return make(0, "input"), make(case.nranks, "output")
+    if case.collective == "reduce_scatter":
+        return make(case.nranks, "input"), make(0, "output")
+    x = make(0, "input")
+    return x, x
+
+
 class Case(NamedTuple):
     """One table row's problem: collective, element type, op, root, count (as nccl-tests
     counts it), layout, and the job's shape."""
@@ -119,46 +132,36 @@ class Case(NamedTuple):
         return logical_shape(self.count)
 
 
-def _signed(dtype: str) -> bool:
-    return not dtype.startswith("uint")
-
-
 def input_values(case: Case, rank: int, block: Optional[int] = None) -> np.ndarray:
     """Rank ``rank``'s input, flat in logical order; ``block`` selects one block of a
     reduce-scatter input. float64 for float types, int64 otherwise."""
     i = np.arange(case.count, dtype=np.int64)
     salt = rank * 5 + (0 if block is None else block * 3)
+    signed = not case.dtype.startswith("uint")
     if case.op == "prod":
         values = np.where((i + salt) % 7 == 0, 2, 1)
-        if _signed(case.dtype):
+        if signed:
             values = np.where((i + salt) % 3 == 0, -values, values)
     else:
         values = (i * 7 + salt) % 11
-        if _signed(case.dtype):
+        if signed:
             values -= 5
     return values.astype(np.float64) if case.dtype.startswith(("float", "bfloat")) else values
 
 
-def _storage(dtype: str) -> Any:
-    return np.float64 if dtype.startswith(("float", "bfloat")) else np.dtype(dtype)
+#: how an op combines two ranks' values (avg sums, then divides)
+_COMBINE = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
 
 def _reduce(case: Case, block: Optional[int]) -> np.ndarray:
     """The reduction over ranks, in the dtype's integer arithmetic or exactly in float64."""
-    dtype = _storage(case.dtype)
+    combine = _COMBINE.get(case.op)  # type: ignore[arg-type]
+    if combine is None:
+        raise ValueError(f"unknown op {case.op!r}")
+    dtype: Any = np.float64 if case.dtype.startswith(("float", "bfloat")) else np.dtype(case.dtype)
     result = input_values(case, 0, block).astype(dtype)
     for rank in range(1, case.nranks):
-        values = input_values(case, rank, block).astype(dtype)
-        if case.op in ("sum", "avg"):
-            np.add(result, values, out=result, casting="unsafe")
-        elif case.op == "prod":
-            np.multiply(result, values, out=result, casting="unsafe")
-        elif case.op == "min":
-            np.minimum(result, values, out=result)
-        elif case.op == "max":
-            np.maximum(result, values, out=result)
-        else:
-            raise ValueError(f"unknown op {case.op!r}")
+        combine(result, input_values(case, rank, block).astype(dtype), out=result, casting="unsafe")
     if case.op == "avg":
         if dtype == np.float64:
             result = result / case.nranks

@@ -8,13 +8,13 @@
   one, call mpi4py, copy the result back (non-contiguous rows only).
 * ``gloo``: torch.distributed's gloo on torch tensors with the same layout.
 * ``denseccl-torch``: torch.distributed with denseccl's backend (``import denseccl.torch``).
-
-A contender prepares a :class:`Run` per case: its buffers and one ``step`` = one collective.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -24,25 +24,23 @@ from .job import Job
 from .libs import NumpyLib, TorchLib, Unsupported
 
 
+@dataclass
 class Run:
-    """One contender's buffers for one case."""
+    """One contender's buffers for one case: ``step`` runs the collective once on them."""
 
-    def __init__(self, lib: Any, step: Callable[[], Any], inputs: Sequence[Any], output: Any,
-                 keep_non_root: bool = True) -> None:
-        self.lib = lib
-        self.step = step
-        self.inputs = list(inputs)
-        self.output = output
-        #: whether a non-root rank's input must be unchanged after reduce (checked if so)
-        self.keep_non_root = keep_non_root
+    lib: Any
+    step: Callable[[], Any]
+    source: Any
+    output: Any
+    #: whether a non-root rank's input must be unchanged after reduce (checked if so)
+    keep_non_root: bool = True
 
     def load(self, values: Optional[np.ndarray]) -> None:
         """Fill the input with ``values`` (logical order), or zeros for timing."""
-        for array in self.inputs:
-            if values is None:
-                self.lib.fill_zero(array)
-            else:
-                self.lib.assign(array, values)
+        if values is None:
+            self.lib.fill_zero(self.source)
+        else:
+            self.lib.assign(self.source, values)
 
     def result(self) -> np.ndarray:
         return self.lib.to_numpy(self.output)
@@ -67,15 +65,6 @@ class Contender:
         raise NotImplementedError
 
 
-def _host_lib(dtype: str) -> Any:
-    if dtype == "bfloat16":
-        try:
-            NumpyLib().dtype(dtype)
-        except Unsupported:
-            return TorchLib("cpu")
-    return NumpyLib()
-
-
 class Denseccl(Contender):
     denseccl = True
 
@@ -86,50 +75,41 @@ class Denseccl(Contender):
         self.name = ("denseccl" if check else "denseccl-nocheck") + ("-recorder" if recorder else "")
 
     def lib(self, dtype: str) -> Any:
-        return _host_lib(dtype)
+        """NumPy arrays; for bfloat16 without ml_dtypes, CPU torch tensors."""
+        if dtype == "bfloat16":
+            try:
+                NumpyLib().dtype(dtype)
+            except Unsupported:
+                return TorchLib("cpu")
+        return NumpyLib()
 
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         comm = self.job.denseccl(self.check, self.recorder)
         lib = self.lib(case.dtype)
-        c, shape, n, op, root = case.collective, case.shape, case.nranks, case.op, case.root
-        if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
-            return Run(lib, lambda: comm.allgather(x, out=out), [x], out)
-        if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
-            return Run(lib, lambda: comm.reduce_scatter(x, op, out=out), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-        if c == "allreduce":
-            step = lambda: comm.allreduce(x, op)  # noqa: E731
-        elif c == "reduce":
-            step = lambda: comm.reduce(x, root, op)  # noqa: E731
-        else:
-            step = lambda: comm.broadcast(x, root)  # noqa: E731
-        return Run(lib, step, [x], x)
-
-
-def _mpi_op(mpi: Any, op: Optional[str]) -> Any:
-    return {"sum": mpi.SUM, "avg": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX, None: None}[op]
-
-
-def _finish_avg(array: np.ndarray, nranks: int) -> None:
-    """What a user of raw MPI does for avg: sum, then divide (integers truncate)."""
-    if array.dtype.kind == "f":
-        array /= nranks
-    else:
-        array[...] = np.trunc(array / nranks)
+        x, out = cases.buffers(lib, case, case.layout, arena)
+        op, root = case.op, case.root
+        steps = {
+            "allreduce": lambda: comm.allreduce(x, op),
+            "reduce": lambda: comm.reduce(x, root, op),
+            "broadcast": lambda: comm.broadcast(x, root),
+            "allgather": lambda: comm.allgather(x, out=out),
+            "reduce_scatter": lambda: comm.reduce_scatter(x, op, out=out),
+        }
+        return Run(lib, steps[case.collective], x, out)
 
 
 class RawContender(Contender):
     """A library called directly on contiguous arrays; with ``naive`` (the row "naive") the arrays
-    have the case's layout and each call copies to contiguous and back: the path denseccl
-    replaces."""
+    have the case's layout and each call copies to contiguous and back, allocating as a user
+    would: the path denseccl replaces."""
 
     #: the library as the skip reasons name it, and why it has no bfloat16 rows
     library = "?"
     no_bfloat16 = "?"
+    #: :attr:`Run.keep_non_root` of the library's reduce
+    keep_non_root = True
+    #: the class of the library's arrays (libs.NumpyLib, libs.CupyLib)
+    array_lib: Any = None
 
     def __init__(self, job: Job, naive: bool = False) -> None:
         super().__init__(job)
@@ -146,6 +126,30 @@ class RawContender(Contender):
             return self.no_bfloat16
         return None
 
+    def call(self, case: Case) -> Callable[[Any, Any], None]:
+        """The library's collective on (contiguous input, contiguous output), the same array for
+        the collectives that run in place."""
+        raise NotImplementedError
+
+    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
+        lib = self.array_lib()
+        x, out = cases.buffers(lib, case, case.layout if self.naive else "contiguous", arena)
+        call = self.call(case)
+        if not self.naive:
+            return Run(lib, functools.partial(call, x, out), x, out, self.keep_non_root)
+        on_root = self.job.rank == case.root
+        copy_back = {"reduce": on_root, "broadcast": not on_root}.get(case.collective, True)
+        xp = lib.xp
+
+        def copy_path() -> None:
+            source = xp.ascontiguousarray(x)
+            target = source if out is x else xp.empty(out.shape, out.dtype)
+            call(source, target)
+            if copy_back:
+                out[...] = target
+
+        return Run(lib, copy_path, x, out, self.keep_non_root)
+
 
 class RawMPI(RawContender):
     """mpi4py on NumPy arrays (MPICH reduces float16 natively; no bfloat16)."""
@@ -153,90 +157,33 @@ class RawMPI(RawContender):
     name = "mpi4py"
     library = "mpi4py"
     no_bfloat16 = "MPI has no bfloat16"
+    array_lib = NumpyLib
 
-    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
-        lib = NumpyLib()
-        return Run(lib, *_mpi_steps(self.job, case, lib, naive=self.naive, arena=arena))
+    def call(self, case: Case) -> Callable[[Any, Any], None]:
+        world, root, n, mpi = self.job.world, case.root, case.nranks, self.job.MPI
+        op = {"sum": mpi.SUM, "avg": mpi.SUM, "prod": mpi.PROD, "min": mpi.MIN, "max": mpi.MAX, None: None}[case.op]
+        in_place = mpi.IN_PLACE
+        on_root = self.job.rank == root
+        calls = {
+            "allreduce": lambda s, t: world.Allreduce(in_place, t, op),
+            "reduce": lambda s, t: world.Reduce(in_place, t, op, root) if on_root else world.Reduce(s, None, op, root),
+            "broadcast": lambda s, t: world.Bcast(t, root),
+            "allgather": lambda s, t: world.Allgather(s, t),
+            "reduce_scatter": lambda s, t: world.Reduce_scatter_block(s, t, op),
+        }
+        call = calls[case.collective]
+        if case.op != "avg" or (case.collective == "reduce" and not on_root):
+            return call
 
-
-def _mpi_steps(
-    job: Job, case: Case, lib: NumpyLib, *, naive: bool, arena: Optional[cases.Arena] = None
-) -> Tuple[Callable[[], Any], List[Any], Any]:
-    """``(step, inputs, output)`` for raw mpi4py; with ``naive`` the arrays have the case's
-    layout and every call copies to contiguous and back, allocating as a user would."""
-    world = job.world
-    c, shape, n, root = case.collective, case.shape, case.nranks, case.root
-    layout = case.layout if naive else "contiguous"
-    op = _mpi_op(job.MPI, case.op)
-    avg = case.op == "avg"
-    in_place = job.MPI.IN_PLACE
-    on_root = job.rank == root
-    contiguous = np.ascontiguousarray
-
-    if c == "allgather":
-        x = cases.build(lib, shape, case.dtype, layout, arena=arena)
-        out = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena, role="output")
-
-        def allgather() -> None:
-            if naive:
-                gathered = np.empty(out.shape, out.dtype)
-                world.Allgather(contiguous(x), gathered)
-                out[...] = gathered
+        def then_divide(source: np.ndarray, target: np.ndarray) -> None:
+            """What a user of raw MPI does for avg: sum, then divide (integers truncate)."""
+            call(source, target)
+            if target.dtype.kind == "f":
+                target /= n
             else:
-                world.Allgather(x, out)
+                target[...] = np.trunc(target / n)
 
-        return allgather, [x], out
-    if c == "reduce_scatter":
-        x = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena)
-        out = cases.build(lib, shape, case.dtype, layout, arena=arena, role="output")
-
-        def reduce_scatter() -> None:
-            if naive:
-                block = np.empty(out.shape, out.dtype)
-                world.Reduce_scatter_block(contiguous(x), block, op)
-                out[...] = block
-                target = out
-            else:
-                world.Reduce_scatter_block(x, out, op)
-                target = out
-            if avg:
-                _finish_avg(target, n)
-
-        return reduce_scatter, [x], out
-    x = cases.build(lib, shape, case.dtype, layout, arena=arena)
-    if c == "allreduce":
-
-        def allreduce() -> None:
-            buffer = contiguous(x) if naive else x
-            world.Allreduce(in_place, buffer, op)
-            if avg:
-                _finish_avg(buffer, n)
-            if naive:
-                x[...] = buffer
-
-        return allreduce, [x], x
-    if c == "reduce":
-
-        def reduce() -> None:
-            buffer = contiguous(x) if naive else x
-            if on_root:
-                world.Reduce(in_place, buffer, op, root)
-                if avg:
-                    _finish_avg(buffer, n)
-                if naive:
-                    x[...] = buffer
-            else:
-                world.Reduce(buffer, None, op, root)
-
-        return reduce, [x], x
-
-    def broadcast() -> None:
-        buffer = contiguous(x) if naive else x
-        world.Bcast(buffer, root)
-        if naive and not on_root:
-            x[...] = buffer
-
-    return broadcast, [x], x
+        return then_divide
 
 
 #: the rows of torch.distributed, and the backend each runs on
@@ -246,12 +193,12 @@ TORCH_ROWS = {"gloo": "gloo", "torch-nccl": "nccl", "denseccl-torch": "denseccl"
 class TorchDistributed(Contender):
     """torch.distributed collectives on torch tensors of the case's layout."""
 
-    def __init__(self, job: Job, backend: str, device: str = "cpu") -> None:
+    def __init__(self, job: Job, row: str, device: str = "cpu") -> None:
         super().__init__(job)
-        self.backend = backend
+        self.name = row
+        self.backend = TORCH_ROWS[row]
         self.device = device
-        self.name = next(row for row, known in TORCH_ROWS.items() if known == backend)
-        self.denseccl = backend == "denseccl"
+        self.denseccl = self.backend == "denseccl"
 
     def skip(self, case: Case) -> Optional[str]:
         if case.layout == "reversed":
@@ -265,34 +212,25 @@ class TorchDistributed(Contender):
 
         group = self.job.torch_group(self.backend)
         lib = TorchLib(self.device if self.device == "cpu" else f"cuda:{self.job.local_rank % _cuda_count()}")
-        c, shape, n, root = case.collective, case.shape, case.nranks, case.root
+        c, root = case.collective, case.root
         ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
                "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
         op = ops.get(case.op)  # type: ignore[arg-type]
-        if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
-            flat = _merge_dim0(out)
-            if flat is not None:
-                return Run(lib, lambda: all_gather_single(flat, x, group=group), [x], out)
-            blocks = list(out.unbind(0))
-            return Run(lib, lambda: dist.all_gather(blocks, x, group=group), [x], out)
-        if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
-            flat = _merge_dim0(x)
-            if flat is not None:
-                return Run(lib, lambda: reduce_scatter_single(out, flat, op=op, group=group), [x], out)
-            blocks = list(x.unbind(0))
-            return Run(lib, lambda: dist.reduce_scatter(out, blocks, op=op, group=group), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-        if c == "allreduce":
-            step = lambda: dist.all_reduce(x, op=op, group=group)  # noqa: E731
-        elif c == "reduce":
-            step = lambda: dist.reduce(x, dst=root, op=op, group=group)  # noqa: E731
-        else:
-            step = lambda: dist.broadcast(x, src=root, group=group)  # noqa: E731
-        return Run(lib, step, [x], x, keep_non_root=self.denseccl)
+        x, out = cases.buffers(lib, case, case.layout, arena)
+        stacked = {"allgather": out, "reduce_scatter": x}.get(c)
+        flat = None if stacked is None else _merge_dim0(stacked)
+        steps = {
+            "allreduce": lambda: dist.all_reduce(x, op=op, group=group),
+            "reduce": lambda: dist.reduce(x, dst=root, op=op, group=group),
+            "broadcast": lambda: dist.broadcast(x, src=root, group=group),
+            "allgather": lambda: all_gather_single(flat, x, group=group),
+            "reduce_scatter": lambda: reduce_scatter_single(out, flat, op=op, group=group),
+        }
+        if stacked is not None and flat is None:  # blocks that are not one tensor: the list forms
+            blocks = list(stacked.unbind(0))
+            steps["allgather"] = lambda: dist.all_gather(blocks, x, group=group)
+            steps["reduce_scatter"] = lambda: dist.reduce_scatter(out, blocks, op=op, group=group)
+        return Run(lib, steps[c], x, out, keep_non_root=self.denseccl)
 
 
 def _merge_dim0(stacked: Any) -> Any:
@@ -311,31 +249,22 @@ def _cuda_count() -> int:
     return max(torch.cuda.device_count(), 1)
 
 
-def torch_available() -> bool:
-    try:
-        import torch.distributed as dist  # noqa: PLC0415
-    except ImportError:
-        return False
-    return dist.is_available()
-
-
-def denseccl_torch_available() -> Optional[str]:
-    """None when ``denseccl.torch`` imports, else why not."""
-    try:
-        import denseccl.torch  # noqa: F401, PLC0415
-    except Exception as error:  # noqa: BLE001 - any failure means: no such contender
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
 def torch_contender(job: Job, row: str, notes: List[str], device: str = "cpu") -> List[Contender]:
     """The torch.distributed contender of ``row`` (:data:`TORCH_ROWS`) where it can run here;
     else none, and a note saying why."""
-    reason = None if torch_available() else "torch is not installed"
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        reason = None if dist.is_available() else "torch is not installed"
+    except ImportError:
+        reason = "torch is not installed"
     if reason is None and row == "denseccl-torch":
-        reason = denseccl_torch_available()
+        try:
+            import denseccl.torch  # noqa: F401, PLC0415
+        except Exception as error:  # noqa: BLE001 - any failure means: no such contender
+            reason = f"{type(error).__name__}: {error}"
     if reason is None:
-        return [TorchDistributed(job, TORCH_ROWS[row], device=device)]
+        return [TorchDistributed(job, row, device=device)]
     notes.append(f"{row}: not available ({reason})")
     return []
 
@@ -343,9 +272,8 @@ def torch_contender(job: Job, row: str, notes: List[str], device: str = "cpu") -
 HOST_CONTENDERS = ("denseccl", "mpi4py", "naive", "gloo", "denseccl-torch")
 
 
-def host_contenders(
-    job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str], recorders: Sequence[bool] = (False,)
-) -> List[Contender]:
+def host_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str],
+                    recorders: Sequence[bool] = (False,)) -> List[Contender]:
     """The requested host contenders that can run here (and a note for each that cannot)."""
     found: List[Contender] = []
     for name in names:

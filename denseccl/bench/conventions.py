@@ -14,10 +14,7 @@ from typing import Callable, Dict, List, Tuple
 #: Collectives in nccl-tests order, with the names nccl-tests prints.
 COLLECTIVES: Tuple[str, ...] = ("allreduce", "reduce", "broadcast", "allgather", "reduce_scatter")
 NCCL_TESTS_NAMES: Dict[str, str] = {
-    "allreduce": "all_reduce",
-    "reduce": "reduce",
-    "broadcast": "broadcast",
-    "allgather": "all_gather",
+    "allreduce": "all_reduce", "reduce": "reduce", "broadcast": "broadcast", "allgather": "all_gather",
     "reduce_scatter": "reduce_scatter",
 }
 ROOTED = frozenset({"reduce", "broadcast"})
@@ -25,16 +22,8 @@ REDUCING = frozenset({"allreduce", "reduce", "reduce_scatter"})
 
 #: numpy-style dtype name -> the type name nccl-tests prints.
 TYPE_NAMES: Dict[str, str] = {
-    "int8": "int8",
-    "uint8": "uint8",
-    "int32": "int32",
-    "uint32": "uint32",
-    "int64": "int64",
-    "uint64": "uint64",
-    "float16": "half",
-    "float32": "float",
-    "float64": "double",
-    "bfloat16": "bfloat16",
+    "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64",
+    "float16": "half", "float32": "float", "float64": "double", "bfloat16": "bfloat16",
 }
 ITEMSIZES: Dict[str, int] = {
     "int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
@@ -52,11 +41,10 @@ LAYOUTS: Tuple[str, ...] = ("contiguous", "channels_last", "transposed", "revers
 
 def bus_factor(collective: str, nranks: int) -> float:
     """busbw / algbw for ``collective`` on ``nranks`` ranks (nccl-tests' factors)."""
-    n = nranks
     if collective == "allreduce":
-        return 2.0 * (n - 1) / n
+        return 2.0 * (nranks - 1) / nranks
     if collective in ("allgather", "reduce_scatter"):
-        return (n - 1) / n
+        return (nranks - 1) / nranks
     if collective in ("broadcast", "reduce"):
         return 1.0
     raise ValueError(f"unknown collective {collective!r}")

@@ -12,7 +12,7 @@ Each rank uses GPU ``local_rank % device_count``. Every ``Run.sync`` synchronise
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from . import cases
 from .cases import Case
@@ -20,20 +20,12 @@ from .contenders import Contender, Denseccl, RawContender, Run, torch_contender
 from .job import Job
 from .libs import CupyLib, TorchLib, Unsupported
 
-_NCCL_TYPES = {
-    "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32", "uint32": "NCCL_UINT32",
-    "int64": "NCCL_INT64", "uint64": "NCCL_UINT64", "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
-    "float64": "NCCL_FLOAT64", "bfloat16": "NCCL_BFLOAT16",
-}
-_NCCL_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "min": "NCCL_MIN", "max": "NCCL_MAX", "avg": "NCCL_AVG"}
-
 
 def use_device(job: Job) -> None:
     """Bind this rank to its GPU (before any allocation)."""
     import cupy  # noqa: PLC0415
 
-    count = cupy.cuda.runtime.getDeviceCount()
-    cupy.cuda.Device(job.local_rank % max(count, 1)).use()
+    cupy.cuda.Device(job.local_rank % max(cupy.cuda.runtime.getDeviceCount(), 1)).use()
     try:
         import torch  # noqa: PLC0415
 
@@ -44,100 +36,53 @@ def use_device(job: Job) -> None:
 
 
 class DensecclDevice(Denseccl):
-    """denseccl with the NCCL backend; CuPy arrays (torch CUDA tensors for bfloat16)."""
-
     def lib(self, dtype: str) -> Any:
+        """CuPy arrays; torch CUDA tensors for bfloat16 (CuPy has none)."""
         if dtype == "bfloat16":
-            return TorchLib(f"cuda:{_torch_device()}")
+            import cupy  # noqa: PLC0415
+
+            return TorchLib(f"cuda:{cupy.cuda.runtime.getDevice()}")
         return CupyLib()
 
 
-def _torch_device() -> int:
-    import cupy  # noqa: PLC0415
-
-    return cupy.cuda.runtime.getDevice()
-
-
-def _constant(module: Any, table: dict, key: Optional[str], what: str) -> Any:
-    name = table.get(key)  # type: ignore[arg-type]
-    value = getattr(module, name, None) if name else None
+def _constant(nccl: Any, key: str, what: str) -> Any:
+    """NCCL's constant for a type or op name: ``NCCL_FLOAT32`` for float32, ``NCCL_SUM`` for sum."""
+    value = getattr(nccl, f"NCCL_{key.upper()}", None)
     if value is None:
         raise Unsupported(f"this NCCL build has no {what} {key}")
     return value
 
 
 class RawNccl(RawContender):
-    """cupy.cuda.nccl on CuPy arrays."""
-
     name = "nccl"
     library = "NCCL"
     no_bfloat16 = "CuPy has no bfloat16"
+    keep_non_root = False
+    array_lib = CupyLib
 
-    def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
+    def call(self, case: Case) -> Callable[[Any, Any], None]:
         import cupy  # noqa: PLC0415
         from cupy.cuda import nccl  # noqa: PLC0415
 
         comm = self.job.nccl()
-        lib = CupyLib()
-        dtype = _constant(nccl, _NCCL_TYPES, case.dtype, "type")
-        op = _constant(nccl, _NCCL_OPS, case.op, "op") if case.op else None
-        c, shape, n, root, count = case.collective, case.shape, case.nranks, case.root, case.count
-        layout = case.layout if self.naive else "contiguous"
-        naive = self.naive
-        on_root = self.job.rank == root
-        contiguous = cupy.ascontiguousarray
+        dtype = _constant(nccl, case.dtype, "type")
+        op = _constant(nccl, case.op, "op") if case.op else None
+        root, count = case.root, case.count
 
         def stream() -> int:
             return cupy.cuda.get_current_stream().ptr
 
-        if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, layout, arena=arena)
-            out = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena, role="output")
-
-            def allgather() -> None:
-                if naive:
-                    gathered = cupy.empty(out.shape, out.dtype)
-                    source = contiguous(x)
-                    comm.allGather(source.data.ptr, gathered.data.ptr, count, dtype, stream())
-                    out[...] = gathered
-                else:
-                    comm.allGather(x.data.ptr, out.data.ptr, count, dtype, stream())
-
-            return Run(lib, allgather, [x], out)
-        if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, layout, stacked=n, arena=arena)
-            out = cases.build(lib, shape, case.dtype, layout, arena=arena, role="output")
-
-            def reduce_scatter() -> None:
-                if naive:
-                    block = cupy.empty(out.shape, out.dtype)
-                    source = contiguous(x)
-                    comm.reduceScatter(source.data.ptr, block.data.ptr, count, dtype, op, stream())
-                    out[...] = block
-                else:
-                    comm.reduceScatter(x.data.ptr, out.data.ptr, count, dtype, op, stream())
-
-            return Run(lib, reduce_scatter, [x], out)
-        x = cases.build(lib, shape, case.dtype, layout, arena=arena)
-
-        def elementwise() -> None:
-            buffer = contiguous(x) if naive else x
-            pointer = buffer.data.ptr
-            if c == "allreduce":
-                comm.allReduce(pointer, pointer, count, dtype, op, stream())
-            elif c == "reduce":
-                comm.reduce(pointer, pointer, count, dtype, op, root, stream())
-            else:
-                comm.bcast(pointer, count, dtype, root, stream())
-            if naive and (c == "allreduce" or (c == "reduce" and on_root) or (c == "broadcast" and not on_root)):
-                x[...] = buffer
-
-        return Run(lib, elementwise, [x], x, keep_non_root=False)
+        calls = {
+            "allreduce": lambda s, t: comm.allReduce(t.data.ptr, t.data.ptr, count, dtype, op, stream()),
+            "reduce": lambda s, t: comm.reduce(t.data.ptr, t.data.ptr, count, dtype, op, root, stream()),
+            "broadcast": lambda s, t: comm.bcast(t.data.ptr, count, dtype, root, stream()),
+            "allgather": lambda s, t: comm.allGather(s.data.ptr, t.data.ptr, count, dtype, stream()),
+            "reduce_scatter": lambda s, t: comm.reduceScatter(s.data.ptr, t.data.ptr, count, dtype, op, stream()),
+        }
+        return calls[case.collective]
 
 
 class Cupyx(Contender):
-    """cupyx.distributed's NCCL backend (no avg op; C- or F-contiguous arrays only)."""
-
     name = "cupyx"
 
     def skip(self, case: Case) -> Optional[str]:
@@ -154,31 +99,23 @@ class Cupyx(Contender):
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         comm = self.job.cupyx()
         lib = CupyLib()
-        c, shape, n, root, op, count = case.collective, case.shape, case.nranks, case.root, case.op, case.count
-        if c == "allgather":
-            x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena, role="output")
-            return Run(lib, lambda: comm.all_gather(x, out, count), [x], out)
-        if c == "reduce_scatter":
-            x = cases.build(lib, shape, case.dtype, case.layout, stacked=n, arena=arena)
-            out = cases.build(lib, shape, case.dtype, case.layout, arena=arena, role="output")
-            return Run(lib, lambda: comm.reduce_scatter(x, out, count, op), [x], out)
-        x = cases.build(lib, shape, case.dtype, case.layout, arena=arena)
-        if c == "allreduce":
-            step = lambda: comm.all_reduce(x, x, op)  # noqa: E731
-        elif c == "reduce":
-            step = lambda: comm.reduce(x, x, root, op)  # noqa: E731
-        else:
-            step = lambda: comm.broadcast(x, root)  # noqa: E731
-        return Run(lib, step, [x], x, keep_non_root=False)
+        x, out = cases.buffers(lib, case, case.layout, arena)
+        root, op, count = case.root, case.op, case.count
+        steps = {
+            "allreduce": lambda: comm.all_reduce(x, x, op),
+            "reduce": lambda: comm.reduce(x, x, root, op),
+            "broadcast": lambda: comm.broadcast(x, root),
+            "allgather": lambda: comm.all_gather(x, out, count),
+            "reduce_scatter": lambda: comm.reduce_scatter(x, out, count, op),
+        }
+        return Run(lib, steps[case.collective], x, out, keep_non_root=False)
 
 
 DEVICE_CONTENDERS = ("denseccl", "nccl", "naive", "torch-nccl", "cupyx", "denseccl-torch")
 
 
-def device_contenders(
-    job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str], recorders: Sequence[bool] = (False,)
-) -> List[Contender]:
+def device_contenders(job: Job, names: Sequence[str], checks: Sequence[bool], notes: List[str],
+                      recorders: Sequence[bool] = (False,)) -> List[Contender]:
     """The requested GPU contenders that can run here (and a note for each that cannot);
     ``recorders`` is the host backend's (--recorder): device rows run without the recorder."""
     use_device(job)

@@ -30,10 +30,10 @@ class Job:
         self._denseccl: Dict[Tuple[bool, bool], Any] = {}
         self._torch_groups: Dict[str, Any] = {}
         self._torch_ready = False
+        self._nccl: Optional[Any] = None
+        self._cupyx: Optional[Any] = None
         local = config.local_rank()
         self.local_rank = self.rank if local is None else local
-
-    # -- denseccl ------------------------------------------------------------------------------
 
     def denseccl(self, check: bool, recorder: bool = False) -> Any:
         """denseccl's communicator with the agreement ``check`` on or off, with a flight
@@ -43,9 +43,8 @@ class Job:
             import denseccl  # noqa: PLC0415
 
             saved = os.environ.get("DENSECCL_TRACE_BUFFER")
-            os.environ["DENSECCL_TRACE_BUFFER"] = "0"
-            if recorder:
-                os.environ["DENSECCL_TRACE_BUFFER"] = saved if saved and saved.strip() not in ("", "0") else RECORDED
+            calls = saved if saved and saved.strip() not in ("", "0") else RECORDED
+            os.environ["DENSECCL_TRACE_BUFFER"] = calls if recorder else "0"
             try:
                 comm = denseccl.init(self.backend, check="always" if check else "off")
             finally:
@@ -55,8 +54,6 @@ class Job:
                     os.environ["DENSECCL_TRACE_BUFFER"] = saved
             self._denseccl[(check, recorder)] = comm
         return comm
-
-    # -- torch.distributed ---------------------------------------------------------------------
 
     def torch_group(self, backend: str) -> Any:
         """A torch.distributed group of all ranks with ``backend`` ("gloo", "nccl",
@@ -89,10 +86,6 @@ class Job:
             self._torch_groups[backend] = group
         return group
 
-    # -- raw NCCL (GPU runs) ---------------------------------------------------------------------
-
-    _nccl: Optional[Any] = None
-
     def nccl(self) -> Any:
         """A cupy.cuda.nccl communicator of all ranks (unique id broadcast over MPI)."""
         if self._nccl is None:
@@ -103,23 +96,12 @@ class Job:
             self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
         return self._nccl
 
-    _cupyx: Optional[Any] = None
-
     def cupyx(self) -> Any:
         if self._cupyx is None:
             import cupyx.distributed  # noqa: PLC0415
 
             self._cupyx = cupyx.distributed.init_process_group(self.size, self.rank, use_mpi=True)
         return self._cupyx
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def mean(self, value: float) -> float:
-        """``value`` averaged over ranks."""
-        return self.world.allreduce(float(value)) / self.size
-
-    def total(self, value: int) -> int:
-        return int(self.world.allreduce(int(value)))
 
     def any(self, flag: bool) -> bool:
         return bool(self.world.allreduce(int(bool(flag)), op=self.MPI.MAX))

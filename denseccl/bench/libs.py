@@ -1,8 +1,8 @@
 """The array libraries a benchmark case can be built in: NumPy, torch (CPU or CUDA) and CuPy.
 
 Each adapter offers the few operations the cases and contenders need: allocate a physical
-block, permute and mirror it into a layout, copy logical values in and out, make contiguous
-copies, and wait for the device.
+block, permute and mirror it into a layout, copy logical values in and out, and wait for the
+device.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ class Unsupported(Exception):
 
 
 class NumpyLib:
-    name = "numpy"
-    device = False
+    """NumPy arrays in host memory."""
 
-    def __init__(self) -> None:
-        self.xp = np
+    device = False
+    xp: Any = np
 
     def dtype(self, name: str) -> Any:
         if name == "bfloat16":
@@ -49,7 +48,7 @@ class NumpyLib:
         return array[index]
 
     def assign(self, target: Any, values: np.ndarray) -> None:
-        np.copyto(target, values.reshape(target.shape), casting="unsafe")
+        target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
 
     def fill_zero(self, target: Any) -> None:
         target[...] = 0
@@ -58,18 +57,12 @@ class NumpyLib:
         array = np.asarray(array)
         return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
-    def contiguous(self, array: Any) -> Any:
-        return np.ascontiguousarray(array)
-
-    def copy_into(self, target: Any, source: Any) -> None:
-        np.copyto(target, source)
-
     def synchronize(self) -> None:
         pass
 
 
 class TorchLib:
-    name = "torch"
+    """torch tensors on ``device`` ("cpu", "cuda:0", ...)."""
 
     def __init__(self, device: str = "cpu") -> None:
         import torch  # noqa: PLC0415 - optional
@@ -101,8 +94,7 @@ class TorchLib:
         return array
 
     def assign(self, target: Any, values: np.ndarray) -> None:
-        source = self.torch.from_numpy(np.ascontiguousarray(values).reshape(tuple(target.shape)))
-        target.copy_(source)
+        target.copy_(self.torch.from_numpy(np.ascontiguousarray(values).reshape(tuple(target.shape))))
 
     def fill_zero(self, target: Any) -> None:
         target.zero_()
@@ -113,12 +105,6 @@ class TorchLib:
             array = array.float()
         return array.numpy()
 
-    def contiguous(self, array: Any) -> Any:
-        return array.contiguous()
-
-    def copy_into(self, target: Any, source: Any) -> None:
-        target.copy_(source)
-
     def synchronize(self) -> None:
         if self.device:
             self.torch.cuda.synchronize()
@@ -127,7 +113,6 @@ class TorchLib:
 class CupyLib(NumpyLib):
     """CuPy arrays: NumPy's array protocol (permute, mirror) on device memory."""
 
-    name = "cupy"
     device = True
 
     def __init__(self) -> None:
@@ -140,20 +125,8 @@ class CupyLib(NumpyLib):
             raise Unsupported("CuPy has no bfloat16")
         return np.dtype(name)
 
-    def assign(self, target: Any, values: np.ndarray) -> None:
-        target[...] = self.xp.asarray(values.reshape(target.shape).astype(target.dtype, copy=False))
-
-    def fill_zero(self, target: Any) -> None:
-        target.fill(0)
-
     def to_numpy(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)
-
-    def contiguous(self, array: Any) -> Any:
-        return self.xp.ascontiguousarray(array)
-
-    def copy_into(self, target: Any, source: Any) -> None:
-        target[...] = source
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()

@@ -19,16 +19,14 @@ def pin(spec: Optional[str]) -> Optional[str]:
     torch creates later inherits the mask). Returns what went wrong, or None."""
     if not spec:
         return None
-    try:
-        usable = sorted(os.sched_getaffinity(0))
-    except AttributeError:
+    if not hasattr(os, "sched_setaffinity"):
         return "--pin needs os.sched_setaffinity (Linux)"
     local = config.local_rank()
     if local is None and spec.strip().lower() == "core":
         return ("--pin core needs the rank's local rank (MPI_LOCALRANKID, OMPI_COMM_WORLD_LOCAL_RANK, ...): "
                 "start it with mpiexec")
     try:
-        os.sched_setaffinity(0, pin_cpus(spec, usable, local or 0))
+        os.sched_setaffinity(0, pin_cpus(spec, affinity(), local or 0))
     except (ValueError, OSError) as error:
         return str(error)
     return None
@@ -60,9 +58,8 @@ def gather(world: Any) -> Dict[str, Any]:
 def version_info() -> "OrderedDict[str, str]":
     """Versions without importing anything new (see envreport.versions)."""
     found = versions(load=False)
-    found.pop("python", None)
-    found.pop("matplotlib", None)
-    found.pop("ml_dtypes", None)
+    for name in ("python", "matplotlib", "ml_dtypes"):
+        found.pop(name, None)
     return found
 
 

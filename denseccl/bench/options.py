@@ -1,13 +1,9 @@
 """The benchmark's command line, parsed and checked before any rank talks to another.
 
-Where nccl-tests has a flag, it means the same here (``src/common.cu``): ``-b/--minbytes``,
-``-e/--maxbytes``, ``-i/--stepbytes``, ``-f/--stepfactor`` (a factor > 1 wins over the step in
-bytes), ``-n/--iters``, ``-w/--warmup_iters``, ``-c/--check`` (check iterations, 0 = none),
-``-o/--op``, ``-d/--datatype``, ``-r/--root``, ``-a/--average``, with nccl-tests' defaults (one
-32 MiB size, 5 warm-up and 20 timed iterations, one check). The collective, which nccl-tests
-selects by binary (``all_reduce_perf``), is ``--collective``; denseccl's own settings have long
-names only. nccl-tests flags without a meaning here (``-t -g -m -p -z -y -T -G -C -F``) are
-refused rather than reused.
+Where nccl-tests has a flag (``src/common.cu``), it means the same here and has the same default;
+the collective, which nccl-tests selects by binary, is ``--collective``; denseccl's own settings
+have long names only. nccl-tests flags without a meaning here are refused rather than reused.
+docs/benchmark.md (Flags) lists every flag.
 """
 
 from __future__ import annotations
@@ -32,6 +28,17 @@ class Plan(NamedTuple):
     agreement: List[bool]
     recorder: List[bool]
     pin: Optional[str]
+    root: int
+    iterations: int
+    warmup: int
+    rounds: int
+    memcheck: bool
+    #: --memory shared: the runs of one size share their memory (cases.Arena)
+    shared_memory: bool
+    #: nccl-tests' -c: check iterations per case (0: one unchecked call, #wrong N/A)
+    check: int
+    #: nccl-tests' -a: how the ranks' times combine (:data:`AVERAGES`)
+    average: int
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,114 +49,54 @@ def parser() -> argparse.ArgumentParser:
         "(launch/run -n N python -m denseccl.bench ...). Flags that nccl-tests has mean what they mean there.",
     )
     nccl_tests = p.add_argument_group("nccl-tests flags")
-    nccl_tests.add_argument(
-        "-b", "--minbytes", default="32M", help="smallest size in bytes: 4096, 4K, 1.5M, 1G (default 32M)"
-    )
-    nccl_tests.add_argument("-e", "--maxbytes", default="32M", help="largest size in bytes (default 32M)")
-    nccl_tests.add_argument(
-        "-f",
-        "--stepfactor",
-        type=float,
-        default=1.0,
-        help="multiply the size by this each step; > 1 wins over -i (default 1: use -i)",
-    )
-    nccl_tests.add_argument(
-        "-i", "--stepbytes", default="1M", help="add this many bytes each step when -f is 1 (default 1M)"
-    )
-    nccl_tests.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per round (default 20)")
-    nccl_tests.add_argument(
-        "-w", "--warmup_iters", type=int, default=5, help="warm-up iterations before each round (default 5)"
-    )
-    nccl_tests.add_argument(
-        "-c",
-        "--check",
-        type=_check_count,
-        default=1,
+    add = nccl_tests.add_argument
+    add("-b", "--minbytes", default="32M", help="smallest size in bytes: 4096, 4K, 1.5M, 1G (default 32M)")
+    add("-e", "--maxbytes", default="32M", help="largest size in bytes (default 32M)")
+    add("-f", "--stepfactor", type=float, default=1.0,
+        help="multiply the size by this each step; > 1 wins over -i (default 1: use -i)")
+    add("-i", "--stepbytes", default="1M", help="add this many bytes each step when -f is 1 (default 1M)")
+    add("-n", "--iters", type=int, default=20, help="timed iterations per round (default 20)")
+    add("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations before each round (default 5)")
+    add("-c", "--check", type=_check_count, default=1,
         help="check iterations: run each case this many times on known inputs and count wrong elements "
-        "in #wrong; 0 skips the check (#wrong N/A) (default 1)",
-    )
-    nccl_tests.add_argument(
-        "-o", "--op", default="sum", help="reduction op(s): sum, prod, min, max, avg, comma separated, or all"
-    )
-    nccl_tests.add_argument(
-        "-d",
-        "--datatype",
-        default="float",
+        "in #wrong; 0 skips the check (#wrong N/A) (default 1)")
+    add("-o", "--op", default="sum", help="reduction op(s): sum, prod, min, max, avg, comma separated, or all")
+    add("-d", "--datatype", default="float",
         help="element type(s): float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64 "
-        "(or NumPy names), comma separated, or all (default float)",
-    )
-    nccl_tests.add_argument("-r", "--root", type=int, default=0, help="root rank of reduce and broadcast (default 0)")
-    nccl_tests.add_argument(
-        "-a",
-        "--average",
-        type=int,
-        default=1,
-        choices=sorted(AVERAGES),
-        help="time reported across ranks: 0 rank 0's, 1 the mean, 2 the min, 3 the max (default 1)",
-    )
-    own = p.add_argument_group("denseccl flags")
-    own.add_argument(
-        "--collective",
-        default="allreduce",
+        "(or NumPy names), comma separated, or all (default float)")
+    add("-r", "--root", type=int, default=0, help="root rank of reduce and broadcast (default 0)")
+    add("-a", "--average", type=int, default=1, choices=sorted(AVERAGES),
+        help="time reported across ranks: 0 rank 0's, 1 the mean, 2 the min, 3 the max (default 1)")
+    add = p.add_argument_group("denseccl flags").add_argument
+    add("--collective", default="allreduce",
         help="allreduce, reduce, broadcast, allgather, reduce_scatter (or nccl-tests' all_reduce ...), "
-        "comma separated, or all (default allreduce)",
-    )
-    own.add_argument(
-        "--layouts",
-        default="all",
-        help="array layouts: contiguous, channels_last, transposed, reversed, comma separated, or all (default all)",
-    )
-    own.add_argument(
-        "--agreement",
-        default="on",
+        "comma separated, or all (default allreduce)")
+    add("--layouts", default="all",
+        help="array layouts: contiguous, channels_last, transposed, reversed, comma separated, or all (default all)")
+    add("--agreement", default="on",
         help="denseccl's cross-rank agreement check: on, off, or on,off for both (contenders denseccl and "
-        "denseccl-nocheck)",
-    )
-    own.add_argument(
-        "--recorder",
-        default="off",
+        "denseccl-nocheck)")
+    add("--recorder", default="off",
         help="denseccl's flight recorder (DENSECCL_TRACE_BUFFER, else 1024 calls): off (default), on, or off,on "
-        "for both in one run (the contenders with it are named ...-recorder; host backend)",
-    )
-    own.add_argument("--backend", default="mpi", choices=("mpi", "nccl"), help="mpi: host arrays; nccl: GPU arrays")
-    own.add_argument("--contenders", default="all", help="comma separated subset of the backend's contenders, or all")
-    own.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="rounds alternating between contenders; rows report the median (default 3)",
-    )
-    own.add_argument("--json", metavar="FILE", help="also write the rows and the run's metadata as JSON")
-    own.add_argument("--plot", metavar="FILE.png", help="also plot busbw against size (needs matplotlib)")
-    own.add_argument("--logy", action="store_true", help="with --plot: a logarithmic busbw axis")
-    own.add_argument(
-        "--pin",
-        metavar="CPUS",
+        "for both in one run (the contenders with it are named ...-recorder; host backend)")
+    add("--backend", default="mpi", choices=("mpi", "nccl"), help="mpi: host arrays; nccl: GPU arrays")
+    add("--contenders", default="all", help="comma separated subset of the backend's contenders, or all")
+    add("--rounds", type=int, default=3,
+        help="rounds alternating between contenders; rows report the median (default 3)")
+    add("--json", metavar="FILE", help="also write the rows and the run's metadata as JSON")
+    add("--plot", metavar="FILE.png", help="also plot busbw against size (needs matplotlib)")
+    add("--logy", action="store_true", help="with --plot: a logarithmic busbw axis")
+    add("--pin", metavar="CPUS",
         help="pin every rank before MPI starts: a CPU list as taskset -c takes it (0, 0-3, 0,2), every rank "
-        "on those CPUs; or 'core', each rank on its own CPU (local rank r on the r-th usable CPU)",
-    )
-    own.add_argument(
-        "--progress",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="say on stderr where a long run is when nothing was printed for this long (0: never; default 10)",
-    )
-    own.add_argument(
-        "--memcheck",
-        action="store_true",
-        help="trace Python/NumPy allocations (tracemalloc) during each denseccl call; adds a 'peak tmp' column",
-    )
-    own.add_argument(
-        "--memory",
-        choices=("shared", "separate"),
-        default="shared",
+        "on those CPUs; or 'core', each rank on its own CPU (local rank r on the r-th usable CPU)")
+    add("--progress", type=float, default=10.0, metavar="SECONDS",
+        help="say on stderr where a long run is when nothing was printed for this long (0: never; default 10)")
+    add("--memcheck", action="store_true",
+        help="trace Python/NumPy allocations (tracemalloc) during each denseccl call; adds a 'peak tmp' column")
+    add("--memory", choices=("shared", "separate"), default="shared",
         help="shared (default): every contender and layout of a size uses the same memory, so comparisons "
-        "do not depend on where the allocator put each array; separate: each run allocates its own",
-    )
-    own.add_argument(
-        "--torch-threads", type=int, default=1, help="torch intra-op threads per rank (default 1: one rank per core)"
-    )
+        "do not depend on where the allocator put each array; separate: each run allocates its own")
+    add("--torch-threads", type=int, default=1, help="torch intra-op threads per rank (default 1: one rank per core)")
     return p
 
 
@@ -180,8 +127,7 @@ def pin_cpus(spec: str, usable: Sequence[int], local_rank: int) -> Set[int]:
     """The CPUs ``--pin spec`` gives this rank. ``core``: the ``local_rank``-th of ``usable``
     (wrapping around); otherwise a taskset-style list (``0``, ``0-3``, ``0,2``) for every rank."""
     if spec.strip().lower() == "core":
-        ordered = sorted(usable)
-        return {ordered[local_rank % len(ordered)]}
+        return {sorted(usable)[local_rank % len(usable)]}
     found: Set[int] = set()
     for part in spec.split(","):
         first, dash, last = part.strip().partition("-")
@@ -205,36 +151,21 @@ def plan(args: argparse.Namespace) -> Plan:
         dtypes=cv.expand(args.datatype, tuple(cv.TYPE_NAMES), cv.dtype_name),
         ops=cv.expand(args.op, cv.OPS, str.lower),
         layouts=cv.expand(args.layouts, cv.LAYOUTS, str.lower),
-        sizes=cv.sizes(
-            cv.parse_size(args.minbytes), cv.parse_size(args.maxbytes), args.stepfactor, cv.parse_size(args.stepbytes)
-        ),
+        sizes=cv.sizes(cv.parse_size(args.minbytes), cv.parse_size(args.maxbytes), args.stepfactor,
+                       cv.parse_size(args.stepbytes)),
         agreement=agreement(args.agreement),
         recorder=agreement(args.recorder, "--recorder"),
-        pin=args.pin,
+        pin=args.pin, root=args.root, iterations=args.iters, warmup=args.warmup_iters, rounds=args.rounds,
+        memcheck=args.memcheck, shared_memory=args.memory == "shared", check=args.check, average=args.average,
     )
 
 
+#: the settings the JSON's metadata records, by their nccl-tests names
+DESCRIBED = ("minbytes", "maxbytes", "stepfactor", "stepbytes", "iters", "warmup_iters", "check", "average", "op",
+             "datatype", "root", "collective", "layouts", "agreement", "recorder", "backend", "contenders", "rounds",
+             "memory", "pin")
+
+
 def described(args: argparse.Namespace) -> Dict[str, Any]:
-    """The settings as the JSON's metadata records them (nccl-tests' names)."""
-    return {
-        "minbytes": args.minbytes,
-        "maxbytes": args.maxbytes,
-        "stepfactor": args.stepfactor,
-        "stepbytes": args.stepbytes,
-        "iters": args.iters,
-        "warmup_iters": args.warmup_iters,
-        "check": args.check,
-        "average": args.average,
-        "op": args.op,
-        "datatype": args.datatype,
-        "root": args.root,
-        "collective": args.collective,
-        "layouts": args.layouts,
-        "agreement": args.agreement,
-        "recorder": args.recorder,
-        "backend": args.backend,
-        "contenders": args.contenders,
-        "rounds": args.rounds,
-        "memory": args.memory,
-        "pin": args.pin,
-    }
+    """The settings as the JSON's metadata records them (:data:`DESCRIBED`)."""
+    return {name: getattr(args, name) for name in DESCRIBED}

@@ -88,18 +88,9 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str, title: str, *, nranks: in
             middle = [r["busbw"] for r in points]
             below = [max(m - lo, 0.0) for m, (lo, _) in zip(middle, spread)]
             above = [max(hi - m, 0.0) for m, (_, hi) in zip(middle, spread)]
-            ax.errorbar(
-                [r["size"] for r in points],
-                middle,
-                yerr=[below, above],
-                fmt=_STYLES.get(layout, "-"),
-                marker="o",
-                markersize=3,
-                capsize=2,
-                elinewidth=0.8,
-                color=colours[contender],
-                label=f"{contender} / {layout}",
-            )
+            ax.errorbar([r["size"] for r in points], middle, yerr=[below, above], fmt=_STYLES.get(layout, "-"),
+                        marker="o", markersize=3, capsize=2, elinewidth=0.8, color=colours[contender],
+                        label=f"{contender} / {layout}")
         ax.set_xscale("log", base=2)
         if logy:
             ax.set_yscale("log")

@@ -1,9 +1,9 @@
 """Where a long run is, on stderr, so that a sweep that prints nothing for a minute is not
 mistaken for a hang (rows go to stdout as each size completes, as nccl-tests prints them).
 
-A line is written only when nothing was printed for ``every`` seconds. On a terminal the line
-is rewritten in place and erased before the next row; elsewhere (a pipe, mpiexec's forwarding)
-each is a plain line.
+A line is written only when nothing was printed for ``every`` seconds (never with 0: ranks
+other than 0 say nothing). On a terminal the line is rewritten in place and erased before the
+next row; elsewhere (a pipe, mpiexec's forwarding) each is a plain line.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Callable, Optional, TextIO
 
 
 class Progress:
-    def __init__(
-        self, every: float, stream: Optional[TextIO] = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, every: float, stream: Optional[TextIO] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.every = every
         self.stream = stream if stream is not None else sys.stderr
         self.clock = clock
@@ -42,10 +41,8 @@ class Progress:
 
     def at(self, where: str) -> None:
         """The run reached ``where``; say so if nothing was printed for ``every`` seconds."""
-        if self.every <= 0:
-            return
         now = self.clock()
-        if now - self.last < self.every:
+        if self.every <= 0 or now - self.last < self.every:
             return
         text = f"denseccl.bench: {now - self.started:.0f} s: {self.section}: {where}"
         if self.tty:
@@ -56,15 +53,3 @@ class Progress:
         self.stream.flush()
         self.last = now
 
-
-class Silent:
-    """Progress for ranks other than 0."""
-
-    def enter(self, section: str) -> None:
-        pass
-
-    def printed(self) -> None:
-        pass
-
-    def at(self, where: str) -> None:
-        pass

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Any, Dict, Sequence, Tuple
 
 from .conventions import NCCL_TESTS_NAMES, TYPE_NAMES
+from .plot import size_label
 
 
 def load(path: str) -> Dict[str, Any]:
@@ -24,10 +25,9 @@ def load(path: str) -> Dict[str, Any]:
 
 
 def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
+    """:func:`plot.size_label` spelled for a table: ``4 KiB``, ``64 MiB``, ``1536 B``."""
+    label = size_label(nbytes)
+    return f"{label[:-1]} {label[-1]}iB" if label[-1] in "KMG" else f"{label} B"
 
 
 def scaling(runs: Sequence[Dict[str, Any]]) -> str:
@@ -89,22 +89,18 @@ def types(run: Dict[str, Any], base: str = "float32") -> str:
         if reference is None or dtype == base:
             continue
         lines.append(f"| {NCCL_TESTS_NAMES[collective]} | {layout} | {contender} | {_size(size)} | "
-                     f"{TYPE_NAMES.get(dtype, dtype)} | "
-                     f"{row['time_us']:.1f} | {_ratio(row, reference):.2f} |")
+                     f"{TYPE_NAMES.get(dtype, dtype)} | {row['time_us']:.1f} | {_ratio(row, reference):.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] = ()) -> int:
     p = argparse.ArgumentParser(prog="python -m denseccl.bench.report", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    s = sub.add_parser("scaling", help="busbw by size and rank count")
-    s.add_argument("files", nargs="+")
+    sub.add_parser("scaling", help="busbw by size and rank count").add_argument("files", nargs="+")
     r = sub.add_parser("ratio", help="time ratio of two layout/contender rows")
-    r.add_argument("file")
-    r.add_argument("first")
-    r.add_argument("second")
-    t = sub.add_parser("types", help="time of each element type over float32's")
-    t.add_argument("file")
+    for name in ("file", "first", "second"):
+        r.add_argument(name)
+    sub.add_parser("types", help="time of each element type over float32's").add_argument("file")
     args = p.parse_args(list(argv) or None)
     if args.what == "scaling":
         print(scaling([load(f) for f in args.files]))

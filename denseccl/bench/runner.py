@@ -4,43 +4,21 @@ them in alternating rounds."""
 
 from __future__ import annotations
 
+import statistics
 import tracemalloc
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import cases
 from .cases import Case
 from .contenders import Contender, Run
-from .conventions import NCCL_TESTS_NAMES, REDUCING, ROOTED, bandwidths, count_for, size_of
+from .conventions import ITEMSIZES, NCCL_TESTS_NAMES, REDUCING, ROOTED, bandwidths, count_for, size_of
 from .job import Job
 from .libs import Unsupported
-from .progress import Silent
-from .timing import median, rounds
+from .options import Plan
+from .progress import Progress
+from .timing import rounds
 
 Row = Dict[str, Any]
-
-
-class Settings:
-    """What to run (parsed from the command line)."""
-
-    def __init__(self, *, collectives: Sequence[str], dtypes: Sequence[str], ops: Sequence[str], sizes: Sequence[int],
-                 layouts: Sequence[str], root: int, iterations: int, warmup: int, rounds: int, memcheck: bool,
-                 shared_memory: bool = True, check: int = 1, average: int = 1, progress: Any = None) -> None:
-        self.collectives = list(collectives)
-        self.dtypes = list(dtypes)
-        self.ops = list(ops)
-        self.sizes = list(sizes)
-        self.layouts = list(layouts)
-        self.root = root
-        self.iterations = iterations
-        self.warmup = warmup
-        self.rounds = rounds
-        self.memcheck = memcheck
-        self.shared_memory = shared_memory
-        #: nccl-tests' -c: check iterations per case (0: one unchecked call, #wrong N/A)
-        self.check = check
-        #: nccl-tests' -a: how ranks' times combine
-        self.average = average
-        self.progress = progress if progress is not None else Silent()
 
 
 def verify(job: Job, case: Case, run: Run, memcheck: bool, check: int = 1) -> Tuple[Optional[int], Optional[int]]:
@@ -48,14 +26,11 @@ def verify(job: Job, case: Case, run: Run, memcheck: bool, check: int = 1) -> Tu
     nccl-tests' ``-c``); return (#wrong on this rank, peak bytes traced by tracemalloc during
     the first call when ``memcheck``). With ``check`` 0 the inputs are zeros and the one call
     only has to succeed: #wrong is None."""
-    wrong: Optional[int] = None
-    peak: Optional[int] = None
-    for attempt in range(max(check, 1)):
-        found, traced = _verify_once(job, case, run, memcheck and attempt == 0, check > 0)
-        peak = traced if attempt == 0 else peak
-        wrong = found
-        if found:
+    wrong, peak = _verify_once(job, case, run, memcheck, check > 0)
+    for _ in range(1, check):
+        if wrong:
             break
+        wrong = _verify_once(job, case, run, False, True)[0]
     return wrong, peak
 
 
@@ -63,18 +38,16 @@ def _verify_once(job: Job, case: Case, run: Run, memcheck: bool, compare: bool) 
     run.load(cases.source_values(case) if compare else None)
     run.sync()
     job.world.Barrier()
-    peak = None
     if memcheck:
         tracemalloc.start()
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        run.step()
-        run.sync()
+    run.step()
+    run.sync()
+    peak = None
+    if memcheck:
         peak = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
-    else:
-        run.step()
-        run.sync()
     if not compare:
         return None, peak
     if case.collective == "reduce" and job.rank != case.root and not run.keep_non_root:
@@ -90,16 +63,16 @@ def _key(row: Row) -> Tuple[str, str, str]:
     return (row["type"], row["layout"], row["contender"])
 
 
-def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], settings: Settings,
-              itemsizes: Dict[str, int]) -> List[Row]:
+def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], plan: Plan,
+              progress: Progress) -> List[Row]:
     """Rows for cases that differ only in element type and layout (one collective, op and
     size): every contender is verified on every case, then all of them are timed together in
     alternating rounds, so that any two rows of the group can be compared round by round."""
     rows: List[Row] = []
     timed: List[Tuple[Tuple[str, str, str], Run]] = []
-    arena = cases.Arena() if settings.shared_memory else None
+    arena = cases.Arena() if plan.shared_memory else None
     for number, case in enumerate(group):
-        size = size_of(case.collective, case.count, itemsizes[case.dtype], case.nranks)
+        size = size_of(case.collective, case.count, ITEMSIZES[case.dtype], case.nranks)
         base = {
             "collective": case.collective, "size": size, "count": case.count, "type": case.dtype,
             "redop": case.op if case.collective in REDUCING else None,
@@ -109,14 +82,11 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
             if contender.skip(case) is not None:
                 continue
             row: Row = dict(base, contender=contender.name, denseccl=contender.denseccl)
-            run: Optional[Run] = None
             error: Optional[str] = None
-            wrong: Optional[int] = None
-            peak: Optional[int] = None
-            settings.progress.at(f"checking case {number + 1}/{len(group)}, {contender.name}")
+            progress.at(f"checking case {number + 1}/{len(group)}, {contender.name}")
             try:
                 run = contender.prepare(case, arena)
-                wrong, peak = verify(job, case, run, settings.memcheck and contender.denseccl, settings.check)
+                wrong, peak = verify(job, case, run, plan.memcheck and contender.denseccl, plan.check)
             except Unsupported as reason:
                 error = f"unsupported: {reason}"
             except Exception as failure:  # noqa: BLE001 - reported in the row, on every rank
@@ -128,46 +98,44 @@ def run_group(job: Job, group: Sequence[Case], contenders: Sequence[Contender], 
                 row.update(error=messages[0], wrong=None, time_us=float("nan"), algbw=float("nan"), busbw=float("nan"))
                 rows.append(row)
                 continue
-            row["wrong"] = None if settings.check == 0 else job.total(wrong or 0)
-            if settings.memcheck and contender.denseccl:
+            row["wrong"] = None if plan.check == 0 else int(job.world.allreduce(int(wrong or 0)))
+            if plan.memcheck and contender.denseccl:
                 row["peak_bytes"] = int(job.world.allreduce(int(peak or 0), op=job.MPI.MAX))
-            assert run is not None
-            run.load(None)
+            run.load(None)  # every rank prepared it: no rank had an error
             timed.append((_key(row), run))
             rows.append(row)
     if timed:
-        times = rounds(job, timed, settings.iterations, settings.warmup, settings.rounds, settings.average,
-                       settings.progress.at)
+        times = rounds(job, timed, plan.iterations, plan.warmup, plan.rounds, plan.average, progress.at)
         for row in rows:
             if row.get("error"):
                 continue
             measured = times[_key(row)]
-            seconds = median(measured)
+            seconds = statistics.median(measured)
             algbw, busbw = bandwidths(row["collective"], row["size"], seconds, job.size)
             row.update(time_us=seconds * 1e6, algbw=algbw, busbw=busbw, rounds_us=[t * 1e6 for t in measured])
     return rows
 
 
-def run_all(job: Job, contenders: Sequence[Contender], settings: Settings, itemsizes: Dict[str, int],
+def run_all(job: Job, contenders: Sequence[Contender], plan: Plan, progress: Progress,
             emit: Callable[[str, Any], None]) -> List[Row]:
     """The whole benchmark; ``emit(kind, payload)`` is called as results come in
     (``"block"`` with (collective, op) before a block, ``"row"`` with each row). The element
     types and layouts of one size are timed together (see :func:`run_group`)."""
     rows: List[Row] = []
-    for collective in settings.collectives:
-        ops: Sequence[Optional[str]] = settings.ops if collective in REDUCING else (None,)
+    for collective in plan.collectives:
+        ops: Sequence[Optional[str]] = plan.ops if collective in REDUCING else (None,)
         for op in ops:
             emit("block", (collective, op))
-            for number, size in enumerate(settings.sizes):
-                settings.progress.enter(f"{NCCL_TESTS_NAMES[collective]} {op or ''} {size} B (size {number + 1}/"
-                                        f"{len(settings.sizes)})".replace("  ", " "))
+            for number, size in enumerate(plan.sizes):
+                progress.enter(f"{NCCL_TESTS_NAMES[collective]} {op or ''} {size} B (size {number + 1}/"
+                               f"{len(plan.sizes)})".replace("  ", " "))
                 group: List[Case] = []
-                for dtype in settings.dtypes:
-                    count = count_for(collective, size, itemsizes[dtype], job.size)
+                for dtype in plan.dtypes:
+                    count = count_for(collective, size, ITEMSIZES[dtype], job.size)
                     if count:
-                        group.extend(Case(collective, dtype, op, settings.root, count, layout, job.size, job.rank)
-                                     for layout in settings.layouts)
-                for row in run_group(job, group, contenders, settings, itemsizes):
+                        group.extend(Case(collective, dtype, op, plan.root, count, layout, job.size, job.rank)
+                                     for layout in plan.layouts)
+                for row in run_group(job, group, contenders, plan, progress):
                     rows.append(row)
                     emit("row", row)
     return rows

@@ -14,25 +14,21 @@ from .conventions import NCCL_TESTS_NAMES, TYPE_NAMES
 
 Row = Dict[str, Any]
 
-_HEAD = ("size", "count", "type", "redop", "root", "layout", "contender", "time", "algbw", "busbw", "#wrong")
-_UNITS = ("(B)", "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
-_WIDTHS = (12, 12, 8, 6, 6, 14, 17, 10, 8, 8, 7)
-_MEM_HEAD, _MEM_UNIT, _MEM_WIDTH = "peak tmp", "(B)", 12
+#: the columns; the last, ``peak tmp``, only with --memcheck
+_HEAD = ("size", "count", "type", "redop", "root", "layout", "contender", "time", "algbw", "busbw", "#wrong",
+         "peak tmp")
+_UNITS = ("(B)", "(elements)", "", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)")
+_WIDTHS = (12, 12, 8, 6, 6, 14, 17, 10, 8, 8, 7, 12)
 
 
-def _line(cells: Sequence[str], widths: Sequence[int], prefix: str = " ") -> str:
-    return prefix + "  ".join(cell.rjust(width) for cell, width in zip(cells, widths))
+def _line(cells: Sequence[str], prefix: str = " ") -> str:
+    return prefix + "  ".join(cell.rjust(width) for cell, width in zip(cells, _WIDTHS))
 
 
 def header(memcheck: bool = False) -> List[str]:
     """The two column-title lines (``#``-prefixed, as nccl-tests)."""
-    widths = list(_WIDTHS)
-    head, units = list(_HEAD), list(_UNITS)
-    if memcheck:
-        head.append(_MEM_HEAD)
-        units.append(_MEM_UNIT)
-        widths.append(_MEM_WIDTH)
-    return [_line(head, widths, "#"), _line(units, widths, "#")]
+    columns = len(_HEAD) if memcheck else len(_HEAD) - 1
+    return [_line(_HEAD[:columns], "#"), _line(_UNITS[:columns], "#")]
 
 
 def _time(value: float) -> str:
@@ -59,7 +55,6 @@ def format_row(row: Mapping[str, Any], memcheck: bool = False) -> str:
         row["layout"],
         row["contender"],
     ]
-    widths = list(_WIDTHS)
     if row.get("error"):
         cells += ["error", "", "", "-"]
     else:
@@ -67,10 +62,9 @@ def format_row(row: Mapping[str, Any], memcheck: bool = False) -> str:
         cells += [_time(row["time_us"]), _bandwidth(row["algbw"]), _bandwidth(row["busbw"]),
                   "N/A" if wrong is None else str(wrong)]
     if memcheck:
-        widths.append(_MEM_WIDTH)
         peak = row.get("peak_bytes")
         cells.append("-" if peak is None else str(peak))
-    return _line(cells, widths)
+    return _line(cells)
 
 
 def collective_title(collective: str, op: Any) -> str:
@@ -91,18 +85,20 @@ def _measured(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Dict[Case,
     return found
 
 
+def _over_common(measured: Mapping[str, Dict[Any, float]]) -> "Tuple[int, OrderedDict[str, float]]":
+    """(cases, {contender: mean busbw}) over the cases every contender in ``measured`` ran."""
+    common = set.intersection(*(set(cases) for cases in measured.values())) if measured else set()
+    if not common:
+        return 0, OrderedDict()
+    return len(common), OrderedDict((name, sum(c[k] for k in common) / len(common)) for name, c in measured.items())
+
+
 def average_busbw(rows: Iterable[Mapping[str, Any]]) -> "Tuple[OrderedDict[str, float], int]":
     """nccl-tests' 'Avg bus bandwidth' per contender, each over the same cases: those that every
     contender measured. Returns ({contender: mean busbw}, number of cases); empty when no case
     ran for every contender (then only :func:`by_layout` compares them)."""
-    measured = _measured(rows)
-    if not measured:
-        return OrderedDict(), 0
-    common = set.intersection(*(set(cases) for cases in measured.values()))
-    if not common:
-        return OrderedDict(), 0
-    means = OrderedDict((name, sum(cases[k] for k in common) / len(common)) for name, cases in measured.items())
-    return means, len(common)
+    count, means = _over_common(_measured(rows))
+    return means, count
 
 
 def by_layout(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Tuple[int, Dict[str, float]]]":
@@ -115,11 +111,9 @@ def by_layout(rows: Iterable[Mapping[str, Any]]) -> "OrderedDict[str, Tuple[int,
     found: "OrderedDict[str, Tuple[int, Dict[str, float]]]" = OrderedDict()
     for layout in layouts:
         present = {name: {k[:4]: v for k, v in cases.items() if k[4] == layout} for name, cases in measured.items()}
-        present = {name: cases for name, cases in present.items() if cases}
-        common = set.intersection(*(set(cases) for cases in present.values()))
-        if common:
-            means = {name: sum(c[k] for k in common) / len(common) for name, c in present.items()}
-            found[layout] = (len(common), means)
+        count, means = _over_common({name: cases for name, cases in present.items() if cases})
+        if count:
+            found[layout] = (count, means)
     return found
 
 

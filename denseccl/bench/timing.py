@@ -5,9 +5,8 @@ alike."""
 
 from __future__ import annotations
 
-import statistics
 import time
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Hashable, List, Sequence, Tuple, TypeVar
 
 from .contenders import Run
 from .job import Job
@@ -18,11 +17,9 @@ def combine(job: Job, seconds: float, average: int = 1) -> float:
     ranks, 2 the minimum, 3 the maximum."""
     if average == 0:
         return float(job.world.bcast(float(seconds), root=0))
-    if average == 2:
-        return float(job.world.allreduce(float(seconds), op=job.MPI.MIN))
-    if average == 3:
-        return float(job.world.allreduce(float(seconds), op=job.MPI.MAX))
-    return job.mean(seconds)
+    if average == 1:
+        return float(job.world.allreduce(float(seconds))) / job.size
+    return float(job.world.allreduce(float(seconds), op=job.MPI.MIN if average == 2 else job.MPI.MAX))
 
 
 def time_once(job: Job, run: Run, iterations: int, warmup: int, average: int = 1) -> float:
@@ -44,8 +41,8 @@ def time_once(job: Job, run: Run, iterations: int, warmup: int, average: int = 1
 Key = TypeVar("Key", bound=Hashable)
 
 
-def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: int, count: int, average: int = 1,
-           tick: Optional[Callable[[str], None]] = None) -> Dict[Key, List[float]]:
+def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: int, count: int, average: int,
+           tick: Callable[[str], None]) -> Dict[Key, List[float]]:
     """Per contender, the seconds per iteration of each round (combined over ranks). Round ``k``
     starts with contender ``k mod len(runs)`` so that no contender always goes first. ``tick``
     hears where the timing is (for progress lines)."""
@@ -53,11 +50,6 @@ def rounds(job: Job, runs: Sequence[Tuple[Key, Run]], iterations: int, warmup: i
     for k in range(count):
         for i in range(len(runs)):
             name, run = runs[(k + i) % len(runs)]
-            if tick is not None:
-                tick(f"timing round {k + 1}/{count}, run {i + 1}/{len(runs)}")
+            tick(f"timing round {k + 1}/{count}, run {i + 1}/{len(runs)}")
             found[name].append(time_once(job, run, iterations, warmup, average))
     return found
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")

@@ -1,29 +1,20 @@
 """Speed through torch.distributed: the denseccl backend against the direct denseccl call and
-against gloo, on the same tensors, in alternating rounds (medians), three ways of measuring.
-
-Run under either launcher (the backend then uses MPI or the gloo engine)::
+against gloo, on the same tensors, in alternating rounds (medians); docs/torch.md (Speed) has
+the figures. Run under either launcher (the backend then uses MPI or the gloo engine)::
 
     mpiexec -n 2 python -m denseccl.torch.bench [--mib 64] [--rounds 7] [--iters 5]
     torchrun --standalone --nproc-per-node 2 -m denseccl.torch.bench
 
-Rows (each a 64 MiB float32 allreduce unless said otherwise):
-
-* ``direct``: the group's own denseccl communicator, called on the tensor (no torch.distributed);
-* ``backend``: ``dist.all_reduce`` through the denseccl backend;
-* ``gloo``: ``dist.all_reduce`` on a gloo group of the same ranks, same tensor layout;
-* ``gloo-contiguous``: gloo on a row-major tensor (gloo's best case);
-* ``*-transposed``: the same on a transposed 2-D tensor; ``*-gather``: all_gather_single
-  into a channels-last output; ``*-distinct`` and ``*-fresh``: the backend and gloo measured the
-  other two ways.
-
-Ways of measuring: ``loop`` (the project benchmark's: a barrier, then ``iters`` calls back to back,
-the mean per call, averaged over ranks), ``distinct`` (each call on a tensor of its own, all made
-before the timing: a script that makes a new tensor per call, without the making; a call on a new
-address cannot reuse what a call on the same tensor set up) and ``fresh`` (each call on a newly
-allocated tensor, as a script that builds its tensor inside the timed loop does: the first touch
-of 64 MiB of new pages is then part of every call). The ``faults`` column is the minor page faults
-per call (the most of any rank, median of the rounds; the making of the tensors is in the ``fresh``
-rows only, as in their times): a temporary as large as the tensor made per call shows there as
+Rows, each a 64 MiB float32 channels-last allreduce unless said otherwise: ``direct`` (the
+group's own denseccl communicator, no torch.distributed), ``backend`` (``dist.all_reduce``
+through the denseccl backend), ``gloo`` (a gloo group of the same ranks), ``gloo-contiguous``
+(gloo on a row-major tensor, its best case), ``*-transposed`` (a transposed 2-D tensor) and
+``*-gather`` (all_gather_single into a channels-last output). A round is a barrier, then
+``iters`` calls back to back (the mean per call, averaged over ranks), all on one tensor except
+in ``*-distinct`` (a tensor of its own per call, made before the timing: a call on a new address
+cannot reuse what a call on the same tensor set up) and ``*-fresh`` (a tensor made inside the
+timed loop, its first touch included). ``faults`` is the minor page faults per call (the most of
+any rank, median of the rounds): a temporary as large as the tensor made per call shows there as
 thousands of pages, whatever the machine's load.
 """
 
@@ -49,11 +40,11 @@ def _channels_last(numel: int) -> torch.Tensor:
     return torch.ones(1, 64, side, numel // (64 * side)).to(memory_format=torch.channels_last)
 
 
-def _over_ranks(seconds: float, faults: int) -> Tuple[float, int]:
+def _over_ranks(seconds: float, faults: int, group: dist.ProcessGroup) -> Tuple[float, int]:
     """The mean of the ranks' seconds and the most page faults of any rank."""
     mean, most = torch.tensor([seconds], dtype=torch.float64), torch.tensor([faults], dtype=torch.float64)
-    dist.all_reduce(mean, group=_GLOO[0])
-    dist.all_reduce(most, group=_GLOO[0], op=dist.ReduceOp.MAX)
+    dist.all_reduce(mean, group=group)
+    dist.all_reduce(most, group=group, op=dist.ReduceOp.MAX)
     return float(mean) / dist.get_world_size(), int(most)
 
 
@@ -65,7 +56,6 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-_GLOO: List[dist.ProcessGroup] = []
 #: a row: given n, the n calls of one timed round (what they run on is made before the timing)
 Calls = Callable[[int], List[Callable[[], object]]]
 
@@ -80,7 +70,6 @@ def main() -> None:
     torch.set_num_threads(1)
     rank = dist.get_rank()
     gloo = dist.new_group(backend="gloo")
-    _GLOO.append(gloo)
     direct = dist.group.WORLD.host_communicator  # type: ignore[attr-defined]
     numel = int(args.mib * (1 << 20)) // 4
     side = int(round(numel**0.5))
@@ -132,7 +121,7 @@ def main() -> None:
                 call()
             seconds, faulted = (time.perf_counter() - start) / args.iters, (_minor_faults() - before) // args.iters
             del round_calls
-            seconds, faulted = _over_ranks(seconds, faulted)
+            seconds, faulted = _over_ranks(seconds, faulted, gloo)
             found[name].append(seconds)
             faults[name].append(faulted)
     if rank == 0:
