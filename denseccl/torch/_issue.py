@@ -1,6 +1,6 @@
 """How the process group's operations start: each builds an *issue*, a function that starts
 the operation's steps and returns them with the *finish* that produces its result (see
-:mod:`.work`).
+:mod:`.progress`).
 
 Two rules hold for every issue, and live here so that each collective need not repeat them:
 a local failure (bad arguments, a layout refused) is raised on every rank, through denseccl's
@@ -21,21 +21,14 @@ from ..communicator import Communicator
 Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
 
 
-def fail_everywhere(comm: Communicator, collective: str, error: BaseException) -> None:
-    """Raise ``error`` here after taking part in the agreement step as invalid, so that every
-    peer raises too (a MismatchError naming this rank's problem) instead of waiting."""
-    comm.flow.fail(collective, error)
-
-
 @contextlib.contextmanager
 def raising_everywhere(comm: Communicator, collective: str) -> Iterator[None]:
     """Local checks and staging of ``collective``: an exception they raise is raised on every
-    rank (:func:`fail_everywhere`)."""
+    rank, after this rank took part in the agreement step as invalid (``Flow.fail``)."""
     try:
         yield
-    except Exception as error:
-        fail_everywhere(comm, collective, error)
-        raise  # unreachable: fail_everywhere raises
+    except Exception as error:  # noqa: BLE001 - Flow.fail raises it
+        comm.flow.fail(collective, error)
 
 
 def _settle(steps: Sequence[Any]) -> None:

@@ -30,18 +30,6 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 
 from .. import config
 from ..backends.base import abandon
-from ..wait import wait_until
-
-
-class Step:
-    """What a step must offer: ``is_completed()`` (never blocks) and ``wait(timeout)``.
-    denseccl's ``Work`` has both; MPI requests are adapted by :class:`RequestStep`."""
-
-    def is_completed(self) -> bool:  # pragma: no cover - protocol
-        raise NotImplementedError
-
-    def wait(self, timeout: Optional[float] = None) -> Any:  # pragma: no cover - protocol
-        raise NotImplementedError
 
 
 class Operation:
@@ -305,55 +293,3 @@ def completed_work(value: Any, device: Optional[torch.device] = None) -> dist.Wo
 def _seconds(timeout: Any) -> Optional[float]:
     """torch passes a ``timedelta`` (0 meaning none); Python callers may pass seconds."""
     return config.seconds(timeout, "timeout") or None
-
-
-class RequestStep(Step):
-    """An mpi4py request as a step (point-to-point and all-to-all, which run outside the
-    denseccl core)."""
-
-    __slots__ = ("request", "keep", "status", "what", "completed")
-
-    def __init__(self, request: Any, what: str, keep: Any = None) -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
-        self.request = request
-        self.keep = keep  # buffers the request reads or writes
-        self.status = MPI.Status()
-        self.what = what
-        self.completed = False
-
-    def is_completed(self) -> bool:
-        # test once more after completion would overwrite the status (a recv's source)
-        if not self.completed and self.request.Test(self.status):
-            self.completed = True
-        return self.completed
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self.is_completed():
-            wait_until(self.is_completed, deadline, self.what)
-        self.keep = None
-
-
-class WorkStep(Step):
-    """A torch Work of the gloo engine's group as a step (point-to-point and all-to-all under a
-    launch without MPI)."""
-
-    __slots__ = ("work", "keep", "what", "completed")
-
-    def __init__(self, work: Any, what: str, keep: Any = None) -> None:
-        self.work = work
-        self.keep = keep  # tensors the work reads or writes
-        self.what = what
-        self.completed = False
-
-    def is_completed(self) -> bool:
-        if not self.completed and self.work.is_completed():
-            self.completed = True
-        return self.completed
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        from ..backends.gloo.transport import wait_work  # noqa: PLC0415
-
-        wait_work(self.work, None if timeout is None else time.monotonic() + timeout, self.what)
-        self.completed, self.keep = True, None
