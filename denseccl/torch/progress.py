@@ -1,8 +1,8 @@
 """torch Work objects for denseccl operations, and the progress thread that completes them.
 
-A torch collective maps to one or more *steps* (denseccl ``Work`` objects, or MPI requests for
-the point-to-point and all-to-all extras) plus a host-side *finish* (copying a staged result
-into the user's tensors). Two ways to completion:
+A torch collective maps to one or more *steps* (denseccl ``Work`` objects, or the request steps
+of :mod:`.all_to_all_p2p`: anything with a non-blocking ``is_completed()`` and ``wait(timeout)``)
+plus a host-side *finish* (copying a staged result into the user's tensors). Two ways to completion:
 
 - ``opts.asyncOp`` false (``dist.all_reduce(..., async_op=False)``): the steps are waited on at
   once and torch gets a Work built from an already completed future
@@ -22,7 +22,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,25 +33,16 @@ from .. import config
 from ..backends.base import abandon
 
 
+@dataclass(eq=False)
 class Operation:
     """One torch-level call in flight: its steps, its finish, its future."""
 
-    __slots__ = ("name", "steps", "finish", "future", "deadline", "done", "__weakref__")
-
-    def __init__(
-        self,
-        name: str,
-        steps: Sequence[Any],
-        finish: Callable[[], Any],
-        future: torch.futures.Future,
-        deadline: Optional[float],
-    ) -> None:
-        self.name = name
-        self.steps = list(steps)
-        self.finish = finish
-        self.future = future
-        self.deadline = deadline
-        self.done = False
+    name: str
+    steps: List[Any]
+    finish: Callable[[], Any]
+    future: torch.futures.Future
+    deadline: Optional[float]
+    done: bool = False
 
 
 def new_future(device: Optional[torch.device]) -> torch.futures.Future:
@@ -80,7 +72,9 @@ class Progress:
         self._active = 0.0  # when an operation was last submitted or completed
         #: an operation was given up on at shutdown: what it ran on may still be in use
         self.abandoned = False
-        self.poll = _poll_seconds(config.PROGRESS_POLL_SECONDS)
+        #: seconds between polls: DENSECCL_TORCH_POLL (0 spins, yielding the core) or the default
+        poll = config.settings().torch_poll
+        self.poll = config.PROGRESS_POLL_SECONDS if poll is None else poll
         _LIVE.add(self)
 
     # -- called by the process group --------------------------------------------------------
@@ -198,12 +192,6 @@ class Progress:
                 time.sleep(self.poll if quiet < config.PROGRESS_QUIET_SECONDS else 10 * self.poll)
 
 
-def _poll_seconds(default: float) -> float:
-    """DENSECCL_TORCH_POLL (seconds between polls; 0 spins, yielding the core) or ``default``."""
-    poll = config.settings().torch_poll
-    return default if poll is None else poll
-
-
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
 _EXIT_HOOK: List[bool] = []
 
@@ -233,8 +221,8 @@ class AsyncWork(dist.Work):
         self._source = source_rank
 
     def wait(self, timeout: Any = None) -> bool:
-        seconds = _seconds(timeout)
-        self._progress.wait(self._operation, seconds)
+        # torch passes a timedelta (0 meaning none); Python callers may pass seconds
+        self._progress.wait(self._operation, config.seconds(timeout, "timeout") or None)
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -244,14 +232,9 @@ class AsyncWork(dist.Work):
         return self._progress.test(self._operation)
 
     def is_success(self) -> bool:
-        future = self._operation.future
-        if not future.done():
+        if not self._operation.future.done():
             raise RuntimeError("is_success() called on a Work that has not completed")
-        try:
-            future.value()
-        except Exception:  # noqa: BLE001
-            return False
-        return True
+        return self.exception() is None
 
     def exception(self) -> Optional[BaseException]:
         future = self._operation.future
@@ -288,8 +271,3 @@ def completed_work(value: Any, device: Optional[torch.device] = None) -> dist.Wo
     future = new_future(device)
     future.set_result(value)
     return _create_work_from_future(future)
-
-
-def _seconds(timeout: Any) -> Optional[float]:
-    """torch passes a ``timedelta`` (0 meaning none); Python callers may pass seconds."""
-    return config.seconds(timeout, "timeout") or None
