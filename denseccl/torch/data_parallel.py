@@ -19,7 +19,7 @@ module.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import nn
@@ -135,52 +135,37 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
     if not devices:
         return []
     params = list(network.parameters())
-    param_index = {id(p): i for i, p in enumerate(params)}
-    param_copies = _broadcast(params, devices, detach)
-
     buffers = list(network.buffers())
     with_grad = [b for b in buffers if b.requires_grad and not detach]
     without_grad = [b for b in buffers if not (b.requires_grad and not detach)]
-    index_with = {id(b): i for i, b in enumerate(with_grad)}
-    index_without = {id(b): i for i, b in enumerate(without_grad)}
-    copies_with = _broadcast(with_grad, devices, detach=False)
-    copies_without = _broadcast(without_grad, devices, detach=True)
+    copies: Dict[int, Tuple[torch.Tensor, ...]] = {}  # id of a parameter or buffer -> its copy per device
+    for tensors, detached in ((params, detach), (with_grad, False), (without_grad, True)):
+        copies.update(zip(map(id, tensors), zip(*_broadcast(tensors, devices, detached))))
 
     modules = list(network.modules())
     module_index = {id(m): i for i, m in enumerate(modules)}
-    replicas: List[List[nn.Module]] = [[] for _ in devices]
-    for module in modules:
-        for j in range(len(devices)):
-            replica = module._replicate_for_data_parallel()
+    replicas = [[module._replicate_for_data_parallel() for module in modules] for _ in devices]
+    for j, mine in enumerate(replicas):
+        for module, replica in zip(modules, mine):
             replica._former_parameters = OrderedDict()  # what DDP-style code reads, as torch does
-            replicas[j].append(replica)
-
-    for i, module in enumerate(modules):
-        for key, child in module._modules.items():
-            for j in range(len(devices)):
+            for key, child in module._modules.items():
                 if child is None:
-                    replicas[j][i]._modules[key] = None
+                    replica._modules[key] = None
                 else:
-                    setattr(replicas[j][i], key, replicas[j][module_index[id(child)]])
-        for key, param in module._parameters.items():
-            for j in range(len(devices)):
-                replica = replicas[j][i]
+                    setattr(replica, key, mine[module_index[id(child)]])
+            for key, param in module._parameters.items():
                 if param is None:
                     replica._parameters[key] = None
                 else:
-                    copy = param_copies[j][param_index[id(param)]]
+                    copy = copies[id(param)][j]
                     setattr(replica, key, copy)  # not a leaf: a plain attribute, as in torch
                     replica._former_parameters[key] = copy
-        for key, buf in module._buffers.items():
-            for j in range(len(devices)):
-                replica = replicas[j][i]
+            for key, buf in module._buffers.items():
                 if buf is None:
                     replica._buffers[key] = None
-                elif id(buf) in index_with:
-                    setattr(replica, key, copies_with[j][index_with[id(buf)]])
                 else:
-                    setattr(replica, key, copies_without[j][index_without[id(buf)]])
-    return [replicas[j][0] for j in range(len(devices))]  # type: ignore[misc]
+                    setattr(replica, key, copies[id(buf)][j])
+    return [mine[0] for mine in replicas]  # type: ignore[misc]
 
 
 class DataParallel(nn.DataParallel):
