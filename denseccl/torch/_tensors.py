@@ -8,8 +8,7 @@ stacked buffers denseccl moves, and key the layouts of blocks and of tensor list
 
 from __future__ import annotations
 
-from math import prod
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 
@@ -46,15 +45,12 @@ def composite_key(tensors: Sequence[torch.Tensor]) -> tuple:
     return ("+".join(k[0] for k in keys), tuple(k[1] for k in keys), tuple(k[2] for k in keys))
 
 
-def dense_strides_like(t: torch.Tensor, shape: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
-    """Strides of a dense layout that lays out ``shape`` (default ``t.shape``) in ``t``'s
-    physical dim order: ``t``'s own strides when ``t`` is dense, the closest dense layout when
-    it has gaps (``x[::2]`` -> row-major, a gapped channels-last view -> channels-last)."""
-    if shape is None:
-        if is_dense(t):
-            return t.stride()
-        shape = tuple(t.shape)
-    return contiguous_strides(tuple(shape), physical_order(tuple(t.shape), t.stride()))
+def dense_strides_like(t: torch.Tensor) -> Tuple[int, ...]:
+    """``t``'s own strides when ``t`` is dense, else the dense strides in its physical dim order
+    (``x[::2]`` -> row-major, a gapped channels-last view -> channels-last)."""
+    if is_dense(t):
+        return t.stride()
+    return contiguous_strides(tuple(t.shape), physical_order(tuple(t.shape), t.stride()))
 
 
 def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
@@ -119,10 +115,7 @@ def staging_stack(view: torch.Tensor, size: int) -> torch.Tensor:
     """An empty stacked buffer for a ``(size, *block)`` view whose dim 0 is not outermost: the
     blocks are laid out in the view's block dim order (a function of the input's layout only,
     so ranks with equal layouts stage equally)."""
-    block_shape = tuple(view.shape[1:])
-    block_strides = contiguous_strides(block_shape, physical_order(block_shape, view.stride()[1:]))
-    strides = (prod(block_shape), *block_strides)
-    return torch.empty_strided((size, *block_shape), strides, dtype=view.dtype, device=view.device)
+    return stack_like(view[0], size)
 
 
 def not_dense_message(name: str, t: torch.Tensor) -> str:
