@@ -2,16 +2,12 @@
 collectives run on each tensor's storage span, in whatever dense layout it has, after the
 cross-rank agreement check.
 
-CPU tensors move over denseccl's MPI transport when an MPI launcher started the job (the torch
-rank must be the MPI rank), and over the gloo engine otherwise (torchrun, ``mp.spawn``, env://,
-file://, tcp://: torch's gloo moves each span as a flat 1-D view, made from this group's store).
-CUDA tensors move over the NCCL transport, created on the first CUDA collective.
-``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does not offer)
-run on an MPI communicator or a gloo group this group owns, for CPU tensors (:mod:`.all_to_all_p2p`).
-
-This module holds the group itself (registration, communicators, lifecycle) and its
-elementwise collectives; the gather and scatter family, with its staging of dim-0 concatenated
-buffers, is the :class:`~.gather_scatter.GatherScatter` mixin the group inherits.
+CPU tensors move over MPI under an MPI launcher, else over the gloo engine made from this
+group's store (:mod:`._launch`); CUDA tensors over NCCL, created on the first CUDA collective;
+all-to-all and point-to-point, for CPU tensors, on an engine this group owns
+(:mod:`.all_to_all_p2p`). This module holds the group itself (communicators, lifecycle) and
+its elementwise collectives; the gather and scatter family is the
+:class:`~.gather_scatter.GatherScatter` mixin the group inherits.
 """
 
 from __future__ import annotations
@@ -382,14 +378,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
 
 def _any_cuda(given: Any) -> bool:
-    """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested once)."""
-    for thing in given:
-        items = thing if isinstance(thing, (list, tuple)) else [thing]
-        for item in items:
-            inner = item if isinstance(item, (list, tuple)) else [item]
-            if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inner):
-                return True
-    return False
+    """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested)."""
+    if isinstance(given, (list, tuple)):
+        return any(_any_cuda(item) for item in given)
+    return isinstance(given, torch.Tensor) and given.device.type == "cuda"
 
 
 def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupDenseCCL:
