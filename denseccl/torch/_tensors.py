@@ -74,12 +74,12 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     span starts at the tensor's storage offset)."""
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    return ranges_overlap(
-        a.storage_offset() * a.element_size(),
-        a.numel() * a.element_size(),
-        b.storage_offset() * b.element_size(),
-        b.numel() * b.element_size(),
-    )
+    return ranges_overlap(*_span_bytes(a), *_span_bytes(b))
+
+
+def _span_bytes(t: torch.Tensor) -> Tuple[int, int]:
+    """Where a dense tensor's span starts in its storage, and its length, in bytes."""
+    return t.storage_offset() * t.element_size(), t.numel() * t.element_size()
 
 
 def stacked_view(buffer: torch.Tensor, block_shape: Sequence[int], size: int, what: str) -> torch.Tensor:

@@ -388,11 +388,7 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     """The creator registered with ``Backend.register_backend`` (extended API: it receives the
     global ranks of the group, so subgroups map to MPI sub-communicators)."""
     return ProcessGroupDenseCCL(
-        options.store,
-        options.group_rank,
-        options.group_size,
-        options.timeout,
-        list(options.global_ranks_in_group or ()),
+        options.store, options.group_rank, options.group_size, options.timeout, options.global_ranks_in_group or ()
     )
 
 
