@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from .. import config
-from . import _rendezvous
+from . import _launch
 
 from .data_parallel import DataParallel, broadcast_coalesced, reduce_add_coalesced, replicate
 from .grad_layout import (
@@ -36,18 +36,13 @@ from .grad_layout import (
     grad_layout_violations,
     restride_grads,
 )
-from ._launch import launched_by_mpi
-from ._rendezvous import needs_mpi_rendezvous
+from ._launch import launched_by_mpi, needs_mpi_rendezvous
 from .process_group import BACKEND_NAME, ProcessGroupDenseCCL, create_process_group
 
 
-def _register() -> None:
-    if not hasattr(dist.Backend, BACKEND_NAME.upper()):
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
-
-
-_register()
-_rendezvous.register()
+if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
+_launch.register()
 
 
 def init_process_group(
@@ -70,13 +65,13 @@ def init_process_group(
         kwargs["timeout"] = datetime.timedelta(seconds=seconds)
     if launched_by_mpi():
         if init_method is None and store is None and needs_mpi_rendezvous():
-            init_method = f"{_rendezvous.SCHEME}://"
+            init_method = f"{_launch.SCHEME}://"
         if rank == -1 or world_size == -1:
             from mpi4py import MPI  # noqa: PLC0415
 
             rank = MPI.COMM_WORLD.Get_rank() if rank == -1 else rank
             world_size = MPI.COMM_WORLD.Get_size() if world_size == -1 else world_size
-        if init_method == f"{_rendezvous.SCHEME}://":
+        if init_method == f"{_launch.SCHEME}://":
             rank = world_size = -1  # the rendezvous says (and checks) them
     dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank, store=store, **kwargs)
 
