@@ -28,8 +28,7 @@ from ..ops import as_op
 from ..backends.base import abandon
 from ..wait import deadline_after
 from . import all_to_all_p2p, buckets
-from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
-from ._issue import Issue, raising_everywhere, start_each
+from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
@@ -211,7 +210,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             comm = self._communicator(tensors, what)
             run = bind(comm, opts)
 
-        now = synchronous_on_host(opts, tensors)
+        # a synchronous call on CPU tensors runs its collectives synchronously, so that a
+        # repeated geometry runs its prepared call (calls.py)
+        now = not getattr(opts, "asyncOp", True) and all(t.device.type == "cpu" for t in tensors)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             if now:
