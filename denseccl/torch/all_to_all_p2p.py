@@ -23,12 +23,9 @@ from ..errors import ArgumentError, LayoutError, MismatchError
 from ..wait import deadline_after, wait_until
 from ._issue import Issue
 
-
-def _bytes(t: torch.Tensor) -> Any:
-    """The memory of a contiguous tensor as a buffer mpi4py accepts."""
-    from mpi4py import MPI  # noqa: PLC0415 - only under an MPI launch
-
-    return MPI.buffer.fromaddress(t.data_ptr() if t.numel() else 0, t.numel() * t.element_size())
+#: what an engine's recv returns: the step, then (once it completed) the source rank and the
+#: bytes received (None where the engine cannot tell)
+Received = Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -39,15 +36,13 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 class RequestStep:
     """An mpi4py request as a step of the progress engine (``is_completed``, ``wait``)."""
 
-    __slots__ = ("request", "keep", "status", "what", "completed")
+    __slots__ = ("request", "status", "what", "keep", "completed")
 
-    def __init__(self, request: Any, what: str, keep: Any = None) -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
+    def __init__(self, request: Any, status: Any, what: str, keep: Any) -> None:
         self.request = request
-        self.keep = keep  # buffers the request reads or writes
-        self.status = MPI.Status()
+        self.status = status  # an MPI.Status, which the request's completion fills in
         self.what = what
+        self.keep = keep  # buffers the request reads or writes
         self.completed = False
 
     def is_completed(self) -> bool:
@@ -86,39 +81,37 @@ class MPIEngine:
     """All-to-all and point-to-point on an mpi4py communicator (owned: :meth:`free`)."""
 
     def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI  # noqa: PLC0415 - only under an MPI launch
+
         self.comm = comm
+        self.mpi = MPI
+
+    def _step(self, request: Any, what: str, keep: Any) -> RequestStep:
+        return RequestStep(request, self.mpi.Status(), what, keep)
+
+    def _bytes(self, t: torch.Tensor) -> Any:
+        """The memory of a contiguous tensor as a buffer mpi4py accepts."""
+        size = t.numel() * t.element_size()
+        return self.mpi.buffer.fromaddress(t.data_ptr() if size else 0, size)
 
     def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
         """``send[r]`` bytes of ``source`` go to rank ``r``; ``recv[r]`` bytes come from it."""
-        from mpi4py import MPI  # noqa: PLC0415
-
-        request = self.comm.Ialltoallv(
-            [_bytes(source), (send, _displacements(send)), MPI.BYTE],
-            [_bytes(target), (recv, _displacements(recv)), MPI.BYTE],
-        )
-        return RequestStep(request, what, keep=(source, target))
+        sends = [self._bytes(source), (send, _displacements(send)), self.mpi.BYTE]
+        receives = [self._bytes(target), (recv, _displacements(recv)), self.mpi.BYTE]
+        return self._step(self.comm.Ialltoallv(sends, receives), what, (source, target))
 
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
-        from mpi4py import MPI  # noqa: PLC0415
+        request = self.comm.Isend([self._bytes(source), self.mpi.BYTE], dest=dst, tag=tag)
+        return self._step(request, f"send to rank {dst}", source)
 
-        return RequestStep(
-            self.comm.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag), f"send to rank {dst}", keep=source
-        )
-
-    def recv(
-        self, target: torch.Tensor, src: int, tag: int
-    ) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         """The step, then (once it completed) the source rank and the bytes received."""
-        from mpi4py import MPI  # noqa: PLC0415
-
-        source = MPI.ANY_SOURCE if src < 0 else src
-        step = RequestStep(self.comm.Irecv([_bytes(target), MPI.BYTE], source=source, tag=tag), "recv", keep=target)
-        return step, step.status.Get_source, lambda: step.status.Get_count(MPI.BYTE)
+        source = self.mpi.ANY_SOURCE if src < 0 else src
+        step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), "recv", target)
+        return step, step.status.Get_source, lambda: step.status.Get_count(self.mpi.BYTE)
 
     def free(self) -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
-        if self.comm is not None and not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
+        if self.comm is not None and not self.mpi.Is_finalized() and self.comm != self.mpi.COMM_NULL:
             self.comm.Free()
         self.comm = None
 
@@ -136,9 +129,7 @@ class GlooEngine:
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
         return WorkStep(self.group.send([_flat_bytes(source)], dst, tag), f"send to rank {dst}", keep=source)
 
-    def recv(
-        self, target: torch.Tensor, src: int, tag: int
-    ) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         flat = _flat_bytes(target)
         work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
         return WorkStep(work, "recv", keep=target), (work._source_rank if src < 0 else lambda: src), lambda: None
@@ -170,18 +161,16 @@ def _agreed(host: Communicator, what: str, plan: Callable[[], dict]) -> dict:
     except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
         host.flow.fail(what, error)
     host.flow.agree(Descriptor(what, None, None, (mine["dtype"], tuple(mine.get("row", ())), ())))  # type: ignore[arg-type]
-    size, rank = host.size, host.rank
-    rows = [-1] * (2 * size * size)
+    size, rank, n = host.size, host.rank, host.size * host.size
+    rows = [-1] * (2 * n)  # [r * size + j]: what r sends to j; [n + j * size + r]: what j expects from r
     rows[rank * size : (rank + 1) * size] = mine["send"]
-    rows[size * size + rank * size : size * size + (rank + 1) * size] = mine["recv"]
+    rows[n + rank * size : n + (rank + 1) * size] = mine["recv"]
     every = host.flow.start(host.control.allreduce_max, rows, host.flow.deadline())
-    sends = [every[r * size : (r + 1) * size] for r in range(size)]
-    receives = [every[size * size + r * size : size * size + (r + 1) * size] for r in range(size)]
     lines = [
-        f"rank {r} sends {sends[r][j]} to rank {j}, which expects {receives[j][r]}"
+        f"rank {r} sends {every[r * size + j]} to rank {j}, which expects {every[n + j * size + r]}"
         for r in range(size)
         for j in range(size)
-        if sends[r][j] != receives[j][r]
+        if every[r * size + j] != every[n + j * size + r]
     ]
     if lines:
         raise MismatchError(
