@@ -61,12 +61,7 @@ def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
     strides = tuple(strides)
     if layout_key("", shape, x.stride()) == layout_key("", shape, strides):
         return x
-    order = physical_order(shape, strides)
-    inverse = [0] * len(order)
-    for position, dim in enumerate(order):
-        inverse[dim] = position
-    # permute into the target's memory order, make that row-major, permute back
-    return x.permute(order).contiguous().permute(inverse)
+    return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device).copy_(x)
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -10,6 +10,7 @@ A tensor with gaps is packed in the closest dense layout of its own dim order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -31,14 +32,12 @@ class Slot(NamedTuple):
         return prod(self.shape)
 
 
+@dataclass(eq=False)
 class Bucket:
     """A flat 1-D buffer and the slots of the tensors packed into it."""
 
-    __slots__ = ("flat", "slots")
-
-    def __init__(self, flat: torch.Tensor, slots: List[Slot]) -> None:
-        self.flat = flat
-        self.slots = slots
+    flat: torch.Tensor
+    slots: List[Slot]
 
     @property
     def dtype(self) -> torch.dtype:

@@ -32,11 +32,7 @@ M = TypeVar("M", bound=nn.Module)
 
 def as_device(device: DeviceLike) -> torch.device:
     """A torch.device; a bare index means a CUDA device, as in nn.DataParallel."""
-    if isinstance(device, torch.device):
-        return device
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    return torch.device(device)
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
 def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[DeviceLike]) -> List[List[torch.Tensor]]:

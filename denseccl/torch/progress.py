@@ -18,6 +18,7 @@ Only one thread at a time tests a step (one lock per group), as MPI requires of 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import threading
 import time
@@ -103,9 +104,7 @@ class Progress:
         operation.future.wait()
 
     def test(self, operation: Operation) -> bool:
-        if operation.done:
-            return operation.future.done()
-        if self.lock.acquire(blocking=False):
+        if not operation.done and self.lock.acquire(blocking=False):
             try:
                 if not operation.done:
                     self._finish(operation, blocking=False)
@@ -193,15 +192,13 @@ class Progress:
 
 
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
-_EXIT_HOOK: List[bool] = []
 
 
+@functools.lru_cache(maxsize=None)
 def _register_exit_hook() -> None:
-    """Stop the progress threads at exit, before MPI is finalized: registered when the first
-    thread starts, i.e. after mpi4py registered MPI_Finalize, so it runs first (LIFO)."""
-    if not _EXIT_HOOK:
-        _EXIT_HOOK.append(True)
-        atexit.register(_stop_all)
+    """Stop the progress threads at exit, before MPI is finalized: registered (once) when the
+    first thread starts, i.e. after mpi4py registered MPI_Finalize, so it runs first (LIFO)."""
+    atexit.register(_stop_all)
 
 
 def _stop_all() -> None:
