@@ -1,18 +1,10 @@
-"""denseccl for PyTorch.
+"""denseccl for PyTorch (docs/torch.md).
 
 Importing this package registers the ``"denseccl"`` backend of ``torch.distributed`` for the
-devices ``cpu`` (over MPI under an MPI launcher, else over the gloo engine: torchrun,
-``mp.spawn``, env://, file://, tcp://) and ``cuda`` (over NCCL)::
-
-    import torch.distributed as dist
-    import denseccl.torch
-
-    dist.init_process_group("denseccl")   # torchrun, or mpiexec (rank, size and store from MPI)
-    dist.init_process_group("denseccl", init_method="tcp://127.0.0.1:29500", rank=rank, world_size=size)
-
-Every collective then works on tensors of any non-overlapping dense layout (channels-last,
-transposed, permuted), results keep the tensors' strides, a gapped tensor is refused, and ranks
-whose layouts differ all raise a ``MismatchError`` instead of exchanging garbage.
+devices ``cpu`` (over MPI under an MPI launcher, else over the gloo engine) and ``cuda`` (over
+NCCL). Every collective then works on tensors of any non-overlapping dense layout, results keep
+the tensors' strides, a gapped tensor is refused, and ranks whose layouts differ all raise a
+``MismatchError`` instead of exchanging garbage.
 
 Also here: the Gradient Layout Contract tools (:func:`grad_layout_violations`,
 :func:`enforce_grad_layout`, :func:`restride_grads`) and :class:`DataParallel`.

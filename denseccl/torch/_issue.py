@@ -1,9 +1,7 @@
 """How the process group's methods read torch's arguments and start their operations.
 
-torch hands a backend an options object per collective (direct Python callers may pass a
-ReduceOp or nothing instead), one tensor or a list, and a timeout; CUDA tensors also need their
-device made current. Each operation then builds an *issue*, a function that starts its steps
-and returns them with the *finish* that produces its result (see :mod:`.progress`).
+Each operation builds an *issue*, a function that starts its steps and returns them with the
+*finish* that produces its result (see :mod:`.progress`).
 
 Two rules hold for every issue, and live here so that each collective need not repeat them:
 a local failure (bad arguments, a layout refused) is raised on every rank, through denseccl's

@@ -3,9 +3,7 @@
 They run on an *engine* owned by the process group (an MPI duplicate under an MPI launcher,
 the gloo engine's group otherwise), as bytes in row-major order: a tensor that is not
 row-major is staged through a contiguous copy, so the layouts of sender and receiver need not
-agree (each side keeps its own). Before an all-to-all the ranks exchange their split sizes,
-dtypes and row shapes on the agreement channel (with its timeout) and every rank raises if
-they are inconsistent.
+agree (each side keeps its own). An all-to-all is checked first (:func:`_agreed`).
 """
 
 from __future__ import annotations

@@ -10,10 +10,8 @@ logical order and unflattens row-major: a channels-last conv weight becomes a ro
 Here both directions go through layout-preserving flat buckets (:mod:`denseccl.torch.buckets`):
 each tensor's storage span is one run of a bucket, so a replica is a view of the copied bucket
 with the original's strides, and the reduced gradients are views with the parameters' strides
-(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic, so the
-layout logic runs (and is tested) on the CPU; the GPU path is the same code with CUDA devices.
-On a machine without GPUs the class behaves exactly like ``nn.DataParallel`` there: it runs the
-module.
+(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic: the same
+code runs (and is tested) on CPU devices.
 """
 
 from __future__ import annotations
@@ -165,10 +163,9 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
 
 
 class DataParallel(nn.DataParallel):
-    """Drop-in for ``torch.nn.DataParallel(module, device_ids, output_device, dim)`` whose
-    replicas keep the parameters' memory layouts (channels-last stays channels-last) and whose
-    gradient reduction is a layout-preserving coalesced reduce. Scatter, parallel apply and
-    gather are torch's. Without GPUs it runs the module, as ``nn.DataParallel`` does."""
+    """Drop-in for ``torch.nn.DataParallel(module, device_ids, output_device, dim)`` that
+    replicates with :func:`replicate`; scatter, parallel apply and gather are torch's. Without
+    GPUs it runs the module, as ``nn.DataParallel`` does."""
 
     def replicate(self, module: M, device_ids: Sequence[DeviceLike]) -> List[M]:  # type: ignore[override]
         return replicate(module, device_ids, not torch.is_grad_enabled())
