@@ -1,18 +1,10 @@
-"""denseccl for PyTorch.
+"""denseccl for PyTorch (docs/torch.md).
 
 Importing this package registers the ``"denseccl"`` backend of ``torch.distributed`` for the
-devices ``cpu`` (over MPI under an MPI launcher, else over the gloo engine: torchrun,
-``mp.spawn``, env://, file://, tcp://) and ``cuda`` (over NCCL)::
-
-    import torch.distributed as dist
-    import denseccl.torch
-
-    dist.init_process_group("denseccl")   # torchrun, or mpiexec (rank, size and store from MPI)
-    dist.init_process_group("denseccl", init_method="tcp://127.0.0.1:29500", rank=rank, world_size=size)
-
-Every collective then works on tensors of any non-overlapping dense layout (channels-last,
-transposed, permuted), results keep the tensors' strides, a gapped tensor is refused, and ranks
-whose layouts differ all raise a ``MismatchError`` instead of exchanging garbage.
+devices ``cpu`` (over MPI under an MPI launcher, else over the gloo engine) and ``cuda`` (over
+NCCL). Every collective then works on tensors of any non-overlapping dense layout, results keep
+the tensors' strides, a gapped tensor is refused, and ranks whose layouts differ all raise a
+``MismatchError`` instead of exchanging garbage.
 
 Also here: the Gradient Layout Contract tools (:func:`grad_layout_violations`,
 :func:`enforce_grad_layout`, :func:`restride_grads`) and :class:`DataParallel`.
@@ -26,7 +18,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from .. import config
-from . import _rendezvous
+from . import _launch
 
 from .data_parallel import DataParallel, broadcast_coalesced, reduce_add_coalesced, replicate
 from .grad_layout import (
@@ -36,18 +28,13 @@ from .grad_layout import (
     grad_layout_violations,
     restride_grads,
 )
-from ._launch import launched_by_mpi
-from ._rendezvous import needs_mpi_rendezvous
+from ._launch import launched_by_mpi, needs_mpi_rendezvous
 from .process_group import BACKEND_NAME, ProcessGroupDenseCCL, create_process_group
 
 
-def _register() -> None:
-    if not hasattr(dist.Backend, BACKEND_NAME.upper()):
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
-
-
-_register()
-_rendezvous.register()
+if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
+_launch.register()
 
 
 def init_process_group(
@@ -70,13 +57,13 @@ def init_process_group(
         kwargs["timeout"] = datetime.timedelta(seconds=seconds)
     if launched_by_mpi():
         if init_method is None and store is None and needs_mpi_rendezvous():
-            init_method = f"{_rendezvous.SCHEME}://"
+            init_method = f"{_launch.SCHEME}://"
         if rank == -1 or world_size == -1:
             from mpi4py import MPI  # noqa: PLC0415
 
             rank = MPI.COMM_WORLD.Get_rank() if rank == -1 else rank
             world_size = MPI.COMM_WORLD.Get_size() if world_size == -1 else world_size
-        if init_method == f"{_rendezvous.SCHEME}://":
+        if init_method == f"{_launch.SCHEME}://":
             rank = world_size = -1  # the rendezvous says (and checks) them
     dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank, store=store, **kwargs)
 

@@ -1,6 +1,7 @@
-"""How the process group's operations start: each builds an *issue*, a function that starts
-the operation's steps and returns them with the *finish* that produces its result (see
-:mod:`.work`).
+"""How the process group's methods read torch's arguments and start their operations.
+
+Each operation builds an *issue*, a function that starts its steps and returns them with the
+*finish* that produces its result (see :mod:`.progress`).
 
 Two rules hold for every issue, and live here so that each collective need not repeat them:
 a local failure (bad arguments, a layout refused) is raised on every rank, through denseccl's
@@ -15,27 +16,56 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import config
 from ..communicator import Communicator
+
+def as_list(tensors: Any) -> List[torch.Tensor]:
+    """One tensor or a sequence of them, as a list."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def options(opts: Any, cls: Any) -> Any:
+    """torch's options object; direct Python callers may pass a ReduceOp, or nothing."""
+    if isinstance(opts, cls):
+        return opts
+    made = cls()
+    if opts is not None and hasattr(made, "reduceOp"):
+        made.reduceOp = opts
+    return made
+
+
+def timeout_seconds(timeout: config.Seconds) -> Optional[float]:
+    """torch's timeout (a timedelta or seconds), unless DENSECCL_TIMEOUT (seconds, 0 for none)
+    overrides it."""
+    override = config.settings().timeout
+    if override is not None:
+        return override or None
+    return config.seconds(timeout, "timeout") or None
+
+
+@contextlib.contextmanager
+def cuda_context(device: Optional[torch.device]) -> Iterator[None]:
+    """For CUDA tensors, make their device current (denseccl runs a torch tensor's device
+    collective on torch's current stream of that device)."""
+    if device is None or device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        yield
+
 
 #: Starts an operation's steps; returns them with the finish that produces its result.
 Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
 
 
-def fail_everywhere(comm: Communicator, collective: str, error: BaseException) -> None:
-    """Raise ``error`` here after taking part in the agreement step as invalid, so that every
-    peer raises too (a MismatchError naming this rank's problem) instead of waiting."""
-    comm.flow.fail(collective, error)
-
-
 @contextlib.contextmanager
 def raising_everywhere(comm: Communicator, collective: str) -> Iterator[None]:
     """Local checks and staging of ``collective``: an exception they raise is raised on every
-    rank (:func:`fail_everywhere`)."""
+    rank, after this rank took part in the agreement step as invalid (``Flow.fail``)."""
     try:
         yield
-    except Exception as error:
-        fail_everywhere(comm, collective, error)
-        raise  # unreachable: fail_everywhere raises
+    except Exception as error:  # noqa: BLE001 - Flow.fail raises it
+        comm.flow.fail(collective, error)
 
 
 def _settle(steps: Sequence[Any]) -> None:

@@ -8,8 +8,7 @@ stacked buffers denseccl moves, and key the layouts of blocks and of tensor list
 
 from __future__ import annotations
 
-from math import prod
-from typing import Optional, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 
@@ -46,15 +45,12 @@ def composite_key(tensors: Sequence[torch.Tensor]) -> tuple:
     return ("+".join(k[0] for k in keys), tuple(k[1] for k in keys), tuple(k[2] for k in keys))
 
 
-def dense_strides_like(t: torch.Tensor, shape: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
-    """Strides of a dense layout that lays out ``shape`` (default ``t.shape``) in ``t``'s
-    physical dim order: ``t``'s own strides when ``t`` is dense, the closest dense layout when
-    it has gaps (``x[::2]`` -> row-major, a gapped channels-last view -> channels-last)."""
-    if shape is None:
-        if is_dense(t):
-            return t.stride()
-        shape = tuple(t.shape)
-    return contiguous_strides(tuple(shape), physical_order(tuple(t.shape), t.stride()))
+def dense_strides_like(t: torch.Tensor) -> Tuple[int, ...]:
+    """``t``'s own strides when ``t`` is dense, else the dense strides in its physical dim order
+    (``x[::2]`` -> row-major, a gapped channels-last view -> channels-last)."""
+    if is_dense(t):
+        return t.stride()
+    return contiguous_strides(tuple(t.shape), physical_order(tuple(t.shape), t.stride()))
 
 
 def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
@@ -65,12 +61,7 @@ def restrided(x: torch.Tensor, strides: Sequence[int]) -> torch.Tensor:
     strides = tuple(strides)
     if layout_key("", shape, x.stride()) == layout_key("", shape, strides):
         return x
-    order = physical_order(shape, strides)
-    inverse = [0] * len(order)
-    for position, dim in enumerate(order):
-        inverse[dim] = position
-    # permute into the target's memory order, make that row-major, permute back
-    return x.permute(order).contiguous().permute(inverse)
+    return torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device).copy_(x)
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -78,12 +69,12 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     span starts at the tensor's storage offset)."""
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    return ranges_overlap(
-        a.storage_offset() * a.element_size(),
-        a.numel() * a.element_size(),
-        b.storage_offset() * b.element_size(),
-        b.numel() * b.element_size(),
-    )
+    return ranges_overlap(*_span_bytes(a), *_span_bytes(b))
+
+
+def _span_bytes(t: torch.Tensor) -> Tuple[int, int]:
+    """Where a dense tensor's span starts in its storage, and its length, in bytes."""
+    return t.storage_offset() * t.element_size(), t.numel() * t.element_size()
 
 
 def stacked_view(buffer: torch.Tensor, block_shape: Sequence[int], size: int, what: str) -> torch.Tensor:
@@ -119,10 +110,7 @@ def staging_stack(view: torch.Tensor, size: int) -> torch.Tensor:
     """An empty stacked buffer for a ``(size, *block)`` view whose dim 0 is not outermost: the
     blocks are laid out in the view's block dim order (a function of the input's layout only,
     so ranks with equal layouts stage equally)."""
-    block_shape = tuple(view.shape[1:])
-    block_strides = contiguous_strides(block_shape, physical_order(block_shape, view.stride()[1:]))
-    strides = (prod(block_shape), *block_strides)
-    return torch.empty_strided((size, *block_shape), strides, dtype=view.dtype, device=view.device)
+    return stack_like(view[0], size)
 
 
 def not_dense_message(name: str, t: torch.Tensor) -> str:

@@ -3,34 +3,27 @@
 They run on an *engine* owned by the process group (an MPI duplicate under an MPI launcher,
 the gloo engine's group otherwise), as bytes in row-major order: a tensor that is not
 row-major is staged through a contiguous copy, so the layouts of sender and receiver need not
-agree (each side keeps its own). Before an all-to-all the ranks exchange their split sizes,
-dtypes and row shapes on the agreement channel (with its timeout) and every rank raises if
-they are inconsistent.
+agree (each side keeps its own). An all-to-all is checked first (:func:`_agreed`).
 """
 
 from __future__ import annotations
 
 from itertools import accumulate
 from math import prod
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch._C._distributed_c10d as c10d
 
 from ..agreement import Descriptor
+from ..communicator import Communicator
 from ..errors import ArgumentError, LayoutError, MismatchError
+from ..wait import deadline_after, wait_until
 from ._issue import Issue
-from .progress import RequestStep, WorkStep
 
-if TYPE_CHECKING:
-    from .process_group import ProcessGroupDenseCCL
-
-
-def _bytes(t: torch.Tensor) -> Any:
-    """The memory of a contiguous tensor as a buffer mpi4py accepts."""
-    from mpi4py import MPI  # noqa: PLC0415 - only under an MPI launch
-
-    return MPI.buffer.fromaddress(t.data_ptr() if t.numel() else 0, t.numel() * t.element_size())
+#: what an engine's recv returns: the step, then (once it completed) the source rank and the
+#: bytes received (None where the engine cannot tell)
+Received = Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -38,43 +31,85 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+class RequestStep:
+    """An mpi4py request as a step of the progress engine (``is_completed``, ``wait``)."""
+
+    __slots__ = ("request", "status", "what", "keep", "completed")
+
+    def __init__(self, request: Any, status: Any, what: str, keep: Any) -> None:
+        self.request = request
+        self.status = status  # an MPI.Status, which the request's completion fills in
+        self.what = what
+        self.keep = keep  # buffers the request reads or writes
+        self.completed = False
+
+    def is_completed(self) -> bool:
+        # test once more after completion would overwrite the status (a recv's source)
+        if not self.completed and self.request.Test(self.status):
+            self.completed = True
+        return self.completed
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        if not self.is_completed():
+            wait_until(self.is_completed, deadline_after(timeout), self.what)
+        self.keep = None
+
+
+class WorkStep:
+    """A torch Work of the gloo engine's group as a step of the progress engine."""
+
+    __slots__ = ("work", "keep", "what")
+
+    def __init__(self, work: Any, what: str, keep: Any = None) -> None:
+        self.work = work
+        self.keep = keep  # tensors the work reads or writes
+        self.what = what
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        from ..backends.gloo.transport import wait_work  # noqa: PLC0415 - torch may lack gloo
+
+        wait_work(self.work, deadline_after(timeout), self.what)
+        self.keep = None
+
+
 class MPIEngine:
     """All-to-all and point-to-point on an mpi4py communicator (owned: :meth:`free`)."""
 
     def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI  # noqa: PLC0415 - only under an MPI launch
+
         self.comm = comm
+        self.mpi = MPI
+
+    def _step(self, request: Any, what: str, keep: Any) -> RequestStep:
+        return RequestStep(request, self.mpi.Status(), what, keep)
+
+    def _bytes(self, t: torch.Tensor) -> Any:
+        """The memory of a contiguous tensor as a buffer mpi4py accepts."""
+        size = t.numel() * t.element_size()
+        return self.mpi.buffer.fromaddress(t.data_ptr() if size else 0, size)
 
     def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
         """``send[r]`` bytes of ``source`` go to rank ``r``; ``recv[r]`` bytes come from it."""
-        from mpi4py import MPI  # noqa: PLC0415
-
-        request = self.comm.Ialltoallv(
-            [_bytes(source), (send, _displacements(send)), MPI.BYTE],
-            [_bytes(target), (recv, _displacements(recv)), MPI.BYTE],
-        )
-        return RequestStep(request, what, keep=(source, target))
+        sends = [self._bytes(source), (send, _displacements(send)), self.mpi.BYTE]
+        receives = [self._bytes(target), (recv, _displacements(recv)), self.mpi.BYTE]
+        return self._step(self.comm.Ialltoallv(sends, receives), what, (source, target))
 
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
-        from mpi4py import MPI  # noqa: PLC0415
+        request = self.comm.Isend([self._bytes(source), self.mpi.BYTE], dest=dst, tag=tag)
+        return self._step(request, f"send to rank {dst}", source)
 
-        return RequestStep(
-            self.comm.Isend([_bytes(source), MPI.BYTE], dest=dst, tag=tag), f"send to rank {dst}", keep=source
-        )
-
-    def recv(
-        self, target: torch.Tensor, src: int, tag: int
-    ) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         """The step, then (once it completed) the source rank and the bytes received."""
-        from mpi4py import MPI  # noqa: PLC0415
-
-        source = MPI.ANY_SOURCE if src < 0 else src
-        step = RequestStep(self.comm.Irecv([_bytes(target), MPI.BYTE], source=source, tag=tag), "recv", keep=target)
-        return step, step.status.Get_source, lambda: step.status.Get_count(MPI.BYTE)
+        source = self.mpi.ANY_SOURCE if src < 0 else src
+        step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), "recv", target)
+        return step, step.status.Get_source, lambda: step.status.Get_count(self.mpi.BYTE)
 
     def free(self) -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
-        if self.comm is not None and not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
+        if self.comm is not None and not self.mpi.Is_finalized() and self.comm != self.mpi.COMM_NULL:
             self.comm.Free()
         self.comm = None
 
@@ -92,9 +127,7 @@ class GlooEngine:
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
         return WorkStep(self.group.send([_flat_bytes(source)], dst, tag), f"send to rank {dst}", keep=source)
 
-    def recv(
-        self, target: torch.Tensor, src: int, tag: int
-    ) -> Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]:
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         flat = _flat_bytes(target)
         work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
         return WorkStep(work, "recv", keep=target), (work._source_rank if src < 0 else lambda: src), lambda: None
@@ -114,31 +147,28 @@ def _displacements(counts: Sequence[int]) -> List[int]:
     return list(accumulate([0, *counts]))[:-1]
 
 
-def _agree_on_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, problem: Optional[BaseException]) -> None:
-    """The core's agreement on what every rank must share (dtype, row shape), with a local
-    ``problem`` taking part as invalid, so that every rank raises (that rank its own error, the
-    others a MismatchError). Then one more step, a max-allreduce of the split matrices each
-    rank fills one row of, checks that rank ``j`` receives from rank ``r`` what ``r`` sends it:
+def _agreed(host: Communicator, what: str, plan: Callable[[], dict]) -> dict:
+    """``plan()``: what every rank must share (dtype, row shape) and its split sizes. A local
+    failure there takes part in the core's agreement step as invalid, so that every rank raises
+    (that rank its own error, the others a MismatchError; with the check off this rank alone,
+    as the core does). Then one more step, a max-allreduce of the split matrices each rank
+    fills one row of, checks that rank ``j`` receives from rank ``r`` what ``r`` sends it:
     every rank reaches the same verdict from the same matrices."""
-    host = group.host_communicator
-    assert host is not None
-    size = host.size
-    if problem is not None:  # every rank raises (with the check off: this rank alone, as the core does)
-        host.flow.fail(what, problem)
-    key = (plan.get("dtype", ""), tuple(plan.get("row", ())), ())
-    host.flow.agree(Descriptor(what, None, None, key))  # type: ignore[arg-type]
-    rank = host.rank
-    rows = [-1] * (2 * size * size)
-    rows[rank * size : (rank + 1) * size] = plan["send"]
-    rows[size * size + rank * size : size * size + (rank + 1) * size] = plan["recv"]
+    try:
+        mine = plan()
+    except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
+        host.flow.fail(what, error)
+    host.flow.agree(Descriptor(what, None, None, (mine["dtype"], tuple(mine.get("row", ())), ())))  # type: ignore[arg-type]
+    size, rank, n = host.size, host.rank, host.size * host.size
+    rows = [-1] * (2 * n)  # [r * size + j]: what r sends to j; [n + j * size + r]: what j expects from r
+    rows[rank * size : (rank + 1) * size] = mine["send"]
+    rows[n + rank * size : n + (rank + 1) * size] = mine["recv"]
     every = host.flow.start(host.control.allreduce_max, rows, host.flow.deadline())
-    sends = [every[r * size : (r + 1) * size] for r in range(size)]
-    receives = [every[size * size + r * size : size * size + (r + 1) * size] for r in range(size)]
     lines = [
-        f"rank {r} sends {sends[r][j]} to rank {j}, which expects {receives[j][r]}"
+        f"rank {r} sends {every[r * size + j]} to rank {j}, which expects {every[n + j * size + r]}"
         for r in range(size)
         for j in range(size)
-        if sends[r][j] != receives[j][r]
+        if every[r * size + j] != every[n + j * size + r]
     ]
     if lines:
         raise MismatchError(
@@ -147,52 +177,41 @@ def _agree_on_plans(group: "ProcessGroupDenseCCL", what: str, plan: dict, proble
             + (" ..." if len(lines) > 8 else "")
             + ". Every rank's input split sizes must equal the receivers' output split sizes. Nothing was sent"
         )
+    return mine
+
+
+def _alltoallv(engine: Any, what: str, source: torch.Tensor, target: torch.Tensor, plan: dict, unit: int) -> Any:
+    """The step moving ``plan["send"][r]`` units of ``unit`` bytes to each rank ``r``."""
+    return engine.alltoallv(source, target, [n * unit for n in plan["send"]], [n * unit for n in plan["recv"]], what)
 
 
 def all_to_all_single(
-    group: "ProcessGroupDenseCCL",
-    engine: Any,
-    output: torch.Tensor,
-    inp: torch.Tensor,
-    out_splits: List[int],
-    in_splits: List[int],
+    host: Communicator, engine: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]
 ) -> Issue:
-    size = group._group_size
+    def plan() -> dict:
+        if out.dtype != inp.dtype:
+            raise LayoutError(f"output dtype {out.dtype} differs from input dtype {inp.dtype}")
+        if inp.dim() == 0 or out.dim() == 0:
+            raise LayoutError("input and output need a dim 0 to split")
+        if tuple(inp.shape[1:]) != tuple(out.shape[1:]):
+            raise LayoutError(f"input rows {tuple(inp.shape[1:])} and output rows {tuple(out.shape[1:])} differ")
+        ins = _splits(in_splits, inp.shape[0], host.size, "input")
+        outs = _splits(out_splits, out.shape[0], host.size, "output")
+        return {"dtype": str(inp.dtype), "row": list(inp.shape[1:]), "send": ins, "recv": outs}
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        problem: Optional[BaseException] = None
-        plan: dict = {}
-        try:
-            if output.dtype != inp.dtype:
-                raise LayoutError(f"output dtype {output.dtype} differs from input dtype {inp.dtype}")
-            if inp.dim() == 0 or output.dim() == 0:
-                raise LayoutError("input and output need a dim 0 to split")
-            if tuple(inp.shape[1:]) != tuple(output.shape[1:]):
-                raise LayoutError(f"input rows {tuple(inp.shape[1:])} and output rows {tuple(output.shape[1:])} differ")
-            ins = _splits(in_splits, inp.shape[0], size, "input")
-            outs = _splits(out_splits, output.shape[0], size, "output")
-            plan = {"dtype": str(inp.dtype), "row": list(inp.shape[1:]), "send": ins, "recv": outs}
-        except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
-            problem = error
-        _agree_on_plans(group, "all_to_all_single", plan, problem)
-        row = _row_bytes(inp)
-        source, target = inp.contiguous(), _receive_buffer(output)
-        step = engine.alltoallv(
-            source, target, [n * row for n in plan["send"]], [n * row for n in plan["recv"]], "all_to_all_single"
-        )
+        agreed = _agreed(host, "all_to_all_single", plan)
+        source, target = inp.contiguous(), _receive_buffer(out)
+        step = _alltoallv(engine, "all_to_all_single", source, target, agreed, prod(inp.shape[1:]) * inp.element_size())
 
         def finish() -> List[torch.Tensor]:
-            if target is not output:
-                output.copy_(target)
-            return [output]
+            if target is not out:
+                out.copy_(target)
+            return [out]
 
         return [step], finish
 
     return issue
-
-
-def _row_bytes(t: torch.Tensor) -> int:
-    return prod(t.shape[1:]) * t.element_size()
 
 
 def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
@@ -207,36 +226,25 @@ def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
     return [int(s) for s in splits]
 
 
-def alltoall(
-    group: "ProcessGroupDenseCCL", engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]
-) -> Issue:
-    size = group._group_size
+def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
+    size = host.size
+
+    def plan() -> dict:
+        if len(outputs) != size or len(inputs) != size:
+            raise ArgumentError(
+                f"all_to_all needs {size} input and {size} output tensors, got {len(inputs)} and {len(outputs)}"
+            )
+        dtypes = {t.dtype for t in outputs + inputs}
+        if len(dtypes) != 1:
+            raise LayoutError(f"all_to_all tensors have different dtypes {sorted(map(str, dtypes))}")
+        counts = [t.numel() for t in inputs], [t.numel() for t in outputs]
+        return {"dtype": str(inputs[0].dtype), "send": counts[0], "recv": counts[1]}
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        problem: Optional[BaseException] = None
-        plan: dict = {}
-        try:
-            if len(outputs) != size or len(inputs) != size:
-                raise ArgumentError(
-                    f"all_to_all needs {size} input and {size} output tensors, got {len(inputs)} and {len(outputs)}"
-                )
-            dtypes = {t.dtype for t in outputs + inputs}
-            if len(dtypes) != 1:
-                raise LayoutError(f"all_to_all tensors have different dtypes {sorted(map(str, dtypes))}")
-            plan = {
-                "dtype": str(inputs[0].dtype),
-                "send": [t.numel() for t in inputs],
-                "recv": [t.numel() for t in outputs],
-            }
-        except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
-            problem = error
-        _agree_on_plans(group, "all_to_all", plan, problem)
-        itemsize = inputs[0].element_size()
-        source = torch.cat([t.reshape(-1) for t in inputs]) if inputs else torch.empty(0)
-        target = torch.empty(sum(plan["recv"]), dtype=outputs[0].dtype)
-        step = engine.alltoallv(
-            source, target, [n * itemsize for n in plan["send"]], [n * itemsize for n in plan["recv"]], "all_to_all"
-        )
+        agreed = _agreed(host, "all_to_all", plan)
+        source = torch.cat([t.reshape(-1) for t in inputs])
+        target = torch.empty(sum(agreed["recv"]), dtype=outputs[0].dtype)
+        step = _alltoallv(engine, "all_to_all", source, target, agreed, inputs[0].element_size())
 
         def finish() -> List[torch.Tensor]:
             offset = 0

@@ -4,12 +4,13 @@ tensor occupying a run of the buffer that holds its storage span in its own memo
 ``torch._utils._flatten_dense_tensors`` flattens each tensor in *logical* (row-major) order, so
 a channels-last weight is transposed on the way in and comes back out row-major. Here a dense
 tensor's span is copied as it lies in memory, and the bucket hands back views with the original
-strides (:meth:`Bucket.views`), so nothing is transposed and unpacking is a plain copy of runs.
+strides (:meth:`Bucket.view`), so nothing is transposed and unpacking is a plain copy of runs.
 A tensor with gaps is packed in the closest dense layout of its own dim order.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -31,32 +32,20 @@ class Slot(NamedTuple):
         return prod(self.shape)
 
 
+@dataclass(eq=False)
 class Bucket:
     """A flat 1-D buffer and the slots of the tensors packed into it."""
 
-    __slots__ = ("flat", "slots")
-
-    def __init__(self, flat: torch.Tensor, slots: List[Slot]) -> None:
-        self.flat = flat
-        self.slots = slots
+    flat: torch.Tensor
+    slots: List[Slot]
 
     @property
     def dtype(self) -> torch.dtype:
         return self.flat.dtype
 
-    @property
-    def device(self) -> torch.device:
-        return self.flat.device
-
-    def view(self, slot: Slot, flat: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The tensor of ``slot``, a view into ``flat`` (default this bucket's buffer) with the
-        packed tensor's shape and strides."""
-        flat = self.flat if flat is None else flat
-        return flat.as_strided(slot.shape, slot.strides, flat.storage_offset() + slot.offset)
-
-    def views(self, flat: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
-        """Every slot's view, in slot order (see :meth:`view`)."""
-        return [self.view(slot, flat) for slot in self.slots]
+    def view(self, slot: Slot) -> torch.Tensor:
+        """The tensor of ``slot``: a view into the buffer with the packed tensor's strides."""
+        return self.flat.as_strided(slot.shape, slot.strides, self.flat.storage_offset() + slot.offset)
 
     def like(self, flat: torch.Tensor) -> "Bucket":
         """The same slots over another flat buffer (e.g. a copy of this one on another device)."""
@@ -74,17 +63,16 @@ def plan(
     """Group tensors by (device, dtype), in order, and give each a run of its group's buffer.
     With ``bucket_elements``, a group is split into buckets of about that many elements."""
     order: List[Tuple[Tuple[torch.device, torch.dtype], List[Slot]]] = []
-    open_runs: Dict[Tuple[torch.device, torch.dtype], Tuple[List[Slot], List[int]]] = {}
+    current: Dict[Tuple[torch.device, torch.dtype], List[Slot]] = {}  # each group's open bucket
+    filled: Dict[Tuple[torch.device, torch.dtype], int] = {}  # and its elements so far
     for index, t in enumerate(tensors):
-        group_key = (t.device, t.dtype)
-        current = open_runs.get(group_key)
-        if current is None or (bucket_elements is not None and current[1][0] >= bucket_elements):
-            current = open_runs[group_key] = ([], [0])
-            order.append((group_key, current[0]))
-        slots, filled = current
-        slot = Slot(index, filled[0], tuple(t.shape), dense_strides_like(t))
-        slots.append(slot)
-        filled[0] += slot.numel
+        key = (t.device, t.dtype)
+        if key not in current or (bucket_elements is not None and filled[key] >= bucket_elements):
+            current[key], filled[key] = [], 0
+            order.append((key, current[key]))
+        slot = Slot(index, filled[key], tuple(t.shape), dense_strides_like(t))
+        current[key].append(slot)
+        filled[key] += slot.numel
     return order
 
 
@@ -124,6 +112,6 @@ def unpacked(buckets: Iterable[Bucket], count: int) -> List[torch.Tensor]:
     """The slots' views as a list indexed like the packed tensors (``count`` of them)."""
     out: List[Optional[torch.Tensor]] = [None] * count
     for bucket in buckets:
-        for slot, view in zip(bucket.slots, bucket.views()):
-            out[slot.index] = view
+        for slot in bucket.slots:
+            out[slot.index] = bucket.view(slot)
     return out  # type: ignore[return-value]

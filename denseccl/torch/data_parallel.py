@@ -10,16 +10,14 @@ logical order and unflattens row-major: a channels-last conv weight becomes a ro
 Here both directions go through layout-preserving flat buckets (:mod:`denseccl.torch.buckets`):
 each tensor's storage span is one run of a bucket, so a replica is a view of the copied bucket
 with the original's strides, and the reduced gradients are views with the parameters' strides
-(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic, so the
-layout logic runs (and is tested) on the CPU; the GPU path is the same code with CUDA devices.
-On a machine without GPUs the class behaves exactly like ``nn.DataParallel`` there: it runs the
-module.
+(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic: the same
+code runs (and is tested) on CPU devices.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 from torch import nn
@@ -32,11 +30,7 @@ M = TypeVar("M", bound=nn.Module)
 
 def as_device(device: DeviceLike) -> torch.device:
     """A torch.device; a bare index means a CUDA device, as in nn.DataParallel."""
-    if isinstance(device, torch.device):
-        return device
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    return torch.device(device)
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
 def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[DeviceLike]) -> List[List[torch.Tensor]]:
@@ -135,59 +129,43 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
     if not devices:
         return []
     params = list(network.parameters())
-    param_index = {id(p): i for i, p in enumerate(params)}
-    param_copies = _broadcast(params, devices, detach)
-
     buffers = list(network.buffers())
     with_grad = [b for b in buffers if b.requires_grad and not detach]
     without_grad = [b for b in buffers if not (b.requires_grad and not detach)]
-    index_with = {id(b): i for i, b in enumerate(with_grad)}
-    index_without = {id(b): i for i, b in enumerate(without_grad)}
-    copies_with = _broadcast(with_grad, devices, detach=False)
-    copies_without = _broadcast(without_grad, devices, detach=True)
+    copies: Dict[int, Tuple[torch.Tensor, ...]] = {}  # id of a parameter or buffer -> its copy per device
+    for tensors, detached in ((params, detach), (with_grad, False), (without_grad, True)):
+        copies.update(zip(map(id, tensors), zip(*_broadcast(tensors, devices, detached))))
 
     modules = list(network.modules())
     module_index = {id(m): i for i, m in enumerate(modules)}
-    replicas: List[List[nn.Module]] = [[] for _ in devices]
-    for module in modules:
-        for j in range(len(devices)):
-            replica = module._replicate_for_data_parallel()
+    replicas = [[module._replicate_for_data_parallel() for module in modules] for _ in devices]
+    for j, mine in enumerate(replicas):
+        for module, replica in zip(modules, mine):
             replica._former_parameters = OrderedDict()  # what DDP-style code reads, as torch does
-            replicas[j].append(replica)
-
-    for i, module in enumerate(modules):
-        for key, child in module._modules.items():
-            for j in range(len(devices)):
+            for key, child in module._modules.items():
                 if child is None:
-                    replicas[j][i]._modules[key] = None
+                    replica._modules[key] = None
                 else:
-                    setattr(replicas[j][i], key, replicas[j][module_index[id(child)]])
-        for key, param in module._parameters.items():
-            for j in range(len(devices)):
-                replica = replicas[j][i]
+                    setattr(replica, key, mine[module_index[id(child)]])
+            for key, param in module._parameters.items():
                 if param is None:
                     replica._parameters[key] = None
                 else:
-                    copy = param_copies[j][param_index[id(param)]]
+                    copy = copies[id(param)][j]
                     setattr(replica, key, copy)  # not a leaf: a plain attribute, as in torch
                     replica._former_parameters[key] = copy
-        for key, buf in module._buffers.items():
-            for j in range(len(devices)):
-                replica = replicas[j][i]
+            for key, buf in module._buffers.items():
                 if buf is None:
                     replica._buffers[key] = None
-                elif id(buf) in index_with:
-                    setattr(replica, key, copies_with[j][index_with[id(buf)]])
                 else:
-                    setattr(replica, key, copies_without[j][index_without[id(buf)]])
-    return [replicas[j][0] for j in range(len(devices))]  # type: ignore[misc]
+                    setattr(replica, key, copies[id(buf)][j])
+    return [mine[0] for mine in replicas]  # type: ignore[misc]
 
 
 class DataParallel(nn.DataParallel):
-    """Drop-in for ``torch.nn.DataParallel(module, device_ids, output_device, dim)`` whose
-    replicas keep the parameters' memory layouts (channels-last stays channels-last) and whose
-    gradient reduction is a layout-preserving coalesced reduce. Scatter, parallel apply and
-    gather are torch's. Without GPUs it runs the module, as ``nn.DataParallel`` does."""
+    """Drop-in for ``torch.nn.DataParallel(module, device_ids, output_device, dim)`` that
+    replicates with :func:`replicate`; scatter, parallel apply and gather are torch's. Without
+    GPUs it runs the module, as ``nn.DataParallel`` does."""
 
     def replicate(self, module: M, device_ids: Sequence[DeviceLike]) -> List[M]:  # type: ignore[override]
         return replicate(module, device_ids, not torch.is_grad_enabled())

@@ -20,8 +20,7 @@ import torch._C._distributed_c10d as _c10d
 from ..communicator import Communicator
 from ..errors import ArgumentError, LayoutError
 from ..ops import OpLike, as_op
-from ._arguments import as_list, options
-from ._issue import Issue, chain, one_step, raising_everywhere, start_each
+from ._issue import Issue, as_list, chain, one_step, options, raising_everywhere, start_each
 from ._tensors import (
     block_key,
     is_dense,
@@ -33,6 +32,9 @@ from ._tensors import (
     stacked_view,
     staging_stack,
 )
+
+#: Checks the caller's output lists and returns them per input: ``[i][r]`` receives rank ``r``'s input ``i``.
+Blocks = Callable[[], List[List[torch.Tensor]]]
 
 
 def _check_gather_list(
@@ -74,23 +76,12 @@ class GatherScatter:
             outputs = [list(group) for group in output_tensors]
             comm = self._communicator(inputs, "allgather")
 
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            with raising_everywhere(comm, "allgather"):
-                if len(outputs) != len(inputs):
-                    raise ArgumentError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
-                for inp, outs in zip(inputs, outputs):
-                    _check_gather_list(inp, outs, self._group_size, "allgather")
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
+        def blocks() -> List[List[torch.Tensor]]:
+            if len(outputs) != len(inputs):
+                raise ArgumentError(f"allgather: {len(outputs)} output lists for {len(inputs)} inputs")
+            return outputs
 
-            def finish() -> List[List[torch.Tensor]]:
-                for work, outs in zip(works, outputs):
-                    stacked = work.result
-                    for r, out in enumerate(outs):
-                        out.copy_(stacked[r])
-                return outputs
-
-            return works, finish
-
+        issue = self._allgather_into(comm, "allgather", inputs, blocks, outputs)
         return self._run("allgather", opts, inputs[0].device, issue)
 
     def allgather_coalesced(self, output_lists: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
@@ -101,26 +92,39 @@ class GatherScatter:
             per_rank = [list(outs) for outs in output_lists]
             comm = self._communicator(inputs, "allgather_coalesced")
 
+        def blocks() -> List[List[torch.Tensor]]:
+            if len(per_rank) != self._group_size or any(len(outs) != len(inputs) for outs in per_rank):
+                raise ArgumentError(
+                    f"allgather_coalesced: output_lists must hold {self._group_size} lists (one per rank) of "
+                    f"{len(inputs)} tensors"
+                )
+            return [[outs[i] for outs in per_rank] for i in range(len(inputs))]
+
+        issue = self._allgather_into(comm, "allgather_coalesced", inputs, blocks, per_rank)
+        return self._run("allgather_coalesced", opts, inputs[0].device, issue)
+
+    def _allgather_into(
+        self, comm: Communicator, what: str, inputs: List[torch.Tensor], blocks: Blocks, value: Any, name: str = ""
+    ) -> Issue:
+        """Allgather each of ``inputs`` into the lists ``blocks()`` returns; a bad list raises on
+        every rank (as collective ``name``, default ``what``). The finish returns ``value``."""
+
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            with raising_everywhere(comm, "allgather_coalesced"):
-                if len(per_rank) != self._group_size or any(len(outs) != len(inputs) for outs in per_rank):
-                    raise ArgumentError(
-                        f"allgather_coalesced: output_lists must hold {self._group_size} lists (one per rank) of "
-                        f"{len(inputs)} tensors"
-                    )
-                for i, inp in enumerate(inputs):
-                    _check_gather_list(inp, [outs[i] for outs in per_rank], self._group_size, "allgather_coalesced")
+            with raising_everywhere(comm, name or what):
+                targets = blocks()
+                for inp, outs in zip(inputs, targets):
+                    _check_gather_list(inp, outs, self._group_size, what)
             works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
 
-            def finish() -> List[List[torch.Tensor]]:
-                for i, work in enumerate(works):
-                    for r in range(self._group_size):
-                        per_rank[r][i].copy_(work.result[r])
-                return per_rank
+            def finish() -> Any:
+                for work, outs in zip(works, targets):
+                    for r, out in enumerate(outs):
+                        out.copy_(work.result[r])
+                return value
 
             return works, finish
 
-        return self._run("allgather_coalesced", opts, inputs[0].device, issue)
+        return issue
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
         """``all_gather_into_tensor``: ``output`` is ``(size * d0, ...)`` (blocks concatenated
@@ -271,21 +275,12 @@ class GatherScatter:
             root = opts.rootRank
             outs = list(output_tensors[0]) if self._group_rank == root and len(output_tensors) else []
 
-        def issue() -> Tuple[List[Any], Callable[[], Any]]:
-            with raising_everywhere(comm, "allgather"):
-                if len(inputs) != 1:
-                    raise ArgumentError(f"gather takes one input tensor, got {len(inputs)}")
-                if self._group_rank == root:
-                    _check_gather_list(inputs[0], outs, self._group_size, "gather")
-            work = comm.allgather(inputs[0], async_op=True)
+        def blocks() -> List[List[torch.Tensor]]:
+            if len(inputs) != 1:
+                raise ArgumentError(f"gather takes one input tensor, got {len(inputs)}")
+            return [outs] if self._group_rank == root else []
 
-            def finish() -> List[List[torch.Tensor]]:
-                for r, out in enumerate(outs):
-                    out.copy_(work.result[r])
-                return [outs]
-
-            return [work], finish
-
+        issue = self._allgather_into(comm, "gather", inputs, blocks, [outs], name="allgather")
         return self._run("gather", opts, inputs[0].device, issue)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:

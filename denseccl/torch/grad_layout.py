@@ -7,10 +7,6 @@ its layout through every later accumulation, and with ``create_graph=True`` an a
 computes ``grad + new_grad``, whose layout follows the old grad. A grad that breaks the contract
 costs a transposing copy in DDP's bucket copy-in and makes gradient_as_bucket_view views
 disagree with ``.grad``; with denseccl it would also make ranks disagree on layouts.
-
-- :func:`grad_layout_violations` lists the parameters whose grads break it;
-- :func:`enforce_grad_layout` installs hooks that restride such grads after each accumulation;
-- :func:`restride_grads` fixes the current grads once.
 """
 
 from __future__ import annotations

@@ -2,23 +2,18 @@
 collectives run on each tensor's storage span, in whatever dense layout it has, after the
 cross-rank agreement check.
 
-CPU tensors move over denseccl's MPI transport when an MPI launcher started the job (the torch
-rank must be the MPI rank), and over the gloo engine otherwise (torchrun, ``mp.spawn``, env://,
-file://, tcp://: torch's gloo moves each span as a flat 1-D view, made from this group's store).
-CUDA tensors move over the NCCL transport, created on the first CUDA collective.
-``all_to_all_single``, ``alltoall`` and ``send``/``recv`` (which denseccl's core does not offer)
-run on an MPI communicator or a gloo group this group owns, for CPU tensors (:mod:`.all_to_all_p2p`).
-
-This module holds the group itself (registration, communicators, lifecycle) and its
-elementwise collectives; the gather and scatter family, with its staging of dim-0 concatenated
-buffers, is the :class:`~.gather_scatter.GatherScatter` mixin the group inherits.
+CPU tensors move over MPI under an MPI launcher, else over the gloo engine made from this
+group's store (:mod:`._launch`); CUDA tensors over NCCL, created on the first CUDA collective;
+all-to-all and point-to-point, for CPU tensors, on an engine this group owns
+(:mod:`.all_to_all_p2p`). This module holds the group itself (communicators, lifecycle) and
+its elementwise collectives; the gather and scatter family is the
+:class:`~.gather_scatter.GatherScatter` mixin the group inherits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import time
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -31,9 +26,9 @@ from ..communicator import Communicator
 from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
 from ..backends.base import abandon
+from ..wait import deadline_after
 from . import all_to_all_p2p, buckets
-from ._arguments import as_list, cuda_context, options, synchronous_on_host, timeout_seconds
-from ._issue import Issue, fail_everywhere, raising_everywhere, start_each
+from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
@@ -148,7 +143,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             comm = self._device if self._device is not None and _any_cuda(given) else self._host
             if comm is None:
                 raise
-            fail_everywhere(comm, what, error)
+            comm.flow.fail(what, error)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -170,8 +165,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             for step in steps:
                 step.wait()
             return completed_work(finish(), device)
-        deadline = None if self._seconds is None else time.monotonic() + self._seconds
-        operation = Operation(name, steps, finish, new_future(device), deadline)
+        operation = Operation(name, steps, finish, new_future(device), deadline_after(self._seconds))
         self._progress.submit(operation)
         return AsyncWork(self._progress, operation, source_rank)
 
@@ -216,7 +210,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             comm = self._communicator(tensors, what)
             run = bind(comm, opts)
 
-        now = synchronous_on_host(opts, tensors)
+        # a synchronous call on CPU tensors runs its collectives synchronously, so that a
+        # repeated geometry runs its prepared call (calls.py)
+        now = not getattr(opts, "asyncOp", True) and all(t.device.type == "cpu" for t in tensors)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             if now:
@@ -290,15 +286,16 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     # -- outside denseccl's core: all-to-all and point-to-point, on this group's engine --------
 
-    def _aux_comm(self, tensors: Sequence[torch.Tensor], what: str) -> Any:
+    def _aux_comm(self, tensors: Sequence[torch.Tensor], what: str) -> Tuple[Communicator, Any]:
+        """The host communicator (whose agreement step checks an all-to-all) and the engine."""
         if any(t.device.type != "cpu" for t in tensors):
             raise ArgumentError(
                 f"{what} on {tensors[0].device.type} tensors is not supported by the denseccl backend: denseccl has "
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
-        if self._aux is None:
+        if self._host is None or self._aux is None:
             raise DenseCCLError(self._host_problem or f"denseccl: no engine for {what}")
-        return self._aux
+        return self._host, self._aux
 
     def all_to_all_single(
         self,
@@ -312,11 +309,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         that is not row-major is staged through a contiguous copy."""
         with self._arguments("all_to_all_single", output, input):
             opts = options(opts, _c10d.AllToAllOptions)
-            engine = self._aux_comm([output, input], "all_to_all_single")
+            host, engine = self._aux_comm([output, input], "all_to_all_single")
 
-        issue = all_to_all_p2p.all_to_all_single(
-            self, engine, output, input, list(output_split_sizes), list(input_split_sizes)
-        )
+        splits = list(output_split_sizes), list(input_split_sizes)
+        issue = all_to_all_p2p.all_to_all_single(host, engine, output, input, *splits)
         return self._run("all_to_all_single", opts, input.device, issue)
 
     alltoall_base = all_to_all_single
@@ -325,19 +321,19 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         with self._arguments("alltoall", output_tensors, input_tensors):
             opts = options(opts, _c10d.AllToAllOptions)
             outputs, inputs = as_list(output_tensors), as_list(input_tensors)
-            engine = self._aux_comm(outputs + inputs, "all_to_all")
+            host, engine = self._aux_comm(outputs + inputs, "all_to_all")
 
-        issue = all_to_all_p2p.alltoall(self, engine, outputs, inputs)
+        issue = all_to_all_p2p.alltoall(host, engine, outputs, inputs)
         return self._run("all_to_all", opts, inputs[0].device, issue)
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        engine = self._aux_comm(tensors, "send")
+        engine = self._aux_comm(tensors, "send")[1]
         return self._run("send", None, tensors[0].device, all_to_all_p2p.send(engine, tensors, dst, tag))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        engine = self._aux_comm(tensors, "recv")
+        engine = self._aux_comm(tensors, "recv")[1]
         issue, source = all_to_all_p2p.recv(engine, tensors, src, tag)
         return self._run("recv", None, tensors[0].device, issue, source_rank=source)
 
@@ -383,25 +379,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
 
 def _any_cuda(given: Any) -> bool:
-    """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested once)."""
-    for thing in given:
-        items = thing if isinstance(thing, (list, tuple)) else [thing]
-        for item in items:
-            inner = item if isinstance(item, (list, tuple)) else [item]
-            if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inner):
-                return True
-    return False
+    """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested)."""
+    if isinstance(given, (list, tuple)):
+        return any(_any_cuda(item) for item in given)
+    return isinstance(given, torch.Tensor) and given.device.type == "cuda"
 
 
 def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupDenseCCL:
     """The creator registered with ``Backend.register_backend`` (extended API: it receives the
     global ranks of the group, so subgroups map to MPI sub-communicators)."""
     return ProcessGroupDenseCCL(
-        options.store,
-        options.group_rank,
-        options.group_size,
-        options.timeout,
-        list(options.global_ranks_in_group or ()),
+        options.store, options.group_rank, options.group_size, options.timeout, options.global_ranks_in_group or ()
     )
 
 

@@ -1,8 +1,8 @@
 """torch Work objects for denseccl operations, and the progress thread that completes them.
 
-A torch collective maps to one or more *steps* (denseccl ``Work`` objects, or MPI requests for
-the point-to-point and all-to-all extras) plus a host-side *finish* (copying a staged result
-into the user's tensors). Two ways to completion:
+A torch collective maps to one or more *steps* (denseccl ``Work`` objects, or the request steps
+of :mod:`.all_to_all_p2p`: anything with a non-blocking ``is_completed()`` and ``wait(timeout)``)
+plus a host-side *finish* (copying a staged result into the user's tensors). Two ways to completion:
 
 - ``opts.asyncOp`` false (``dist.all_reduce(..., async_op=False)``): the steps are waited on at
   once and torch gets a Work built from an already completed future
@@ -18,11 +18,13 @@ Only one thread at a time tests a step (one lock per group), as MPI requires of 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,39 +32,18 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 
 from .. import config
 from ..backends.base import abandon
-from ..wait import wait_until
 
 
-class Step:
-    """What a step must offer: ``is_completed()`` (never blocks) and ``wait(timeout)``.
-    denseccl's ``Work`` has both; MPI requests are adapted by :class:`RequestStep`."""
-
-    def is_completed(self) -> bool:  # pragma: no cover - protocol
-        raise NotImplementedError
-
-    def wait(self, timeout: Optional[float] = None) -> Any:  # pragma: no cover - protocol
-        raise NotImplementedError
-
-
+@dataclass(eq=False)
 class Operation:
     """One torch-level call in flight: its steps, its finish, its future."""
 
-    __slots__ = ("name", "steps", "finish", "future", "deadline", "done", "__weakref__")
-
-    def __init__(
-        self,
-        name: str,
-        steps: Sequence[Any],
-        finish: Callable[[], Any],
-        future: torch.futures.Future,
-        deadline: Optional[float],
-    ) -> None:
-        self.name = name
-        self.steps = list(steps)
-        self.finish = finish
-        self.future = future
-        self.deadline = deadline
-        self.done = False
+    name: str
+    steps: List[Any]
+    finish: Callable[[], Any]
+    future: torch.futures.Future
+    deadline: Optional[float]
+    done: bool = False
 
 
 def new_future(device: Optional[torch.device]) -> torch.futures.Future:
@@ -92,7 +73,9 @@ class Progress:
         self._active = 0.0  # when an operation was last submitted or completed
         #: an operation was given up on at shutdown: what it ran on may still be in use
         self.abandoned = False
-        self.poll = _poll_seconds(config.PROGRESS_POLL_SECONDS)
+        #: seconds between polls: DENSECCL_TORCH_POLL (0 spins, yielding the core) or the default
+        poll = config.settings().torch_poll
+        self.poll = config.PROGRESS_POLL_SECONDS if poll is None else poll
         _LIVE.add(self)
 
     # -- called by the process group --------------------------------------------------------
@@ -121,9 +104,7 @@ class Progress:
         operation.future.wait()
 
     def test(self, operation: Operation) -> bool:
-        if operation.done:
-            return operation.future.done()
-        if self.lock.acquire(blocking=False):
+        if not operation.done and self.lock.acquire(blocking=False):
             try:
                 if not operation.done:
                     self._finish(operation, blocking=False)
@@ -210,22 +191,14 @@ class Progress:
                 time.sleep(self.poll if quiet < config.PROGRESS_QUIET_SECONDS else 10 * self.poll)
 
 
-def _poll_seconds(default: float) -> float:
-    """DENSECCL_TORCH_POLL (seconds between polls; 0 spins, yielding the core) or ``default``."""
-    poll = config.settings().torch_poll
-    return default if poll is None else poll
-
-
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()
-_EXIT_HOOK: List[bool] = []
 
 
+@functools.lru_cache(maxsize=None)
 def _register_exit_hook() -> None:
-    """Stop the progress threads at exit, before MPI is finalized: registered when the first
-    thread starts, i.e. after mpi4py registered MPI_Finalize, so it runs first (LIFO)."""
-    if not _EXIT_HOOK:
-        _EXIT_HOOK.append(True)
-        atexit.register(_stop_all)
+    """Stop the progress threads at exit, before MPI is finalized: registered (once) when the
+    first thread starts, i.e. after mpi4py registered MPI_Finalize, so it runs first (LIFO)."""
+    atexit.register(_stop_all)
 
 
 def _stop_all() -> None:
@@ -245,8 +218,8 @@ class AsyncWork(dist.Work):
         self._source = source_rank
 
     def wait(self, timeout: Any = None) -> bool:
-        seconds = _seconds(timeout)
-        self._progress.wait(self._operation, seconds)
+        # torch passes a timedelta (0 meaning none); Python callers may pass seconds
+        self._progress.wait(self._operation, config.seconds(timeout, "timeout") or None)
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -256,14 +229,9 @@ class AsyncWork(dist.Work):
         return self._progress.test(self._operation)
 
     def is_success(self) -> bool:
-        future = self._operation.future
-        if not future.done():
+        if not self._operation.future.done():
             raise RuntimeError("is_success() called on a Work that has not completed")
-        try:
-            future.value()
-        except Exception:  # noqa: BLE001
-            return False
-        return True
+        return self.exception() is None
 
     def exception(self) -> Optional[BaseException]:
         future = self._operation.future
@@ -300,60 +268,3 @@ def completed_work(value: Any, device: Optional[torch.device] = None) -> dist.Wo
     future = new_future(device)
     future.set_result(value)
     return _create_work_from_future(future)
-
-
-def _seconds(timeout: Any) -> Optional[float]:
-    """torch passes a ``timedelta`` (0 meaning none); Python callers may pass seconds."""
-    return config.seconds(timeout, "timeout") or None
-
-
-class RequestStep(Step):
-    """An mpi4py request as a step (point-to-point and all-to-all, which run outside the
-    denseccl core)."""
-
-    __slots__ = ("request", "keep", "status", "what", "completed")
-
-    def __init__(self, request: Any, what: str, keep: Any = None) -> None:
-        from mpi4py import MPI  # noqa: PLC0415
-
-        self.request = request
-        self.keep = keep  # buffers the request reads or writes
-        self.status = MPI.Status()
-        self.what = what
-        self.completed = False
-
-    def is_completed(self) -> bool:
-        # test once more after completion would overwrite the status (a recv's source)
-        if not self.completed and self.request.Test(self.status):
-            self.completed = True
-        return self.completed
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self.is_completed():
-            wait_until(self.is_completed, deadline, self.what)
-        self.keep = None
-
-
-class WorkStep(Step):
-    """A torch Work of the gloo engine's group as a step (point-to-point and all-to-all under a
-    launch without MPI)."""
-
-    __slots__ = ("work", "keep", "what", "completed")
-
-    def __init__(self, work: Any, what: str, keep: Any = None) -> None:
-        self.work = work
-        self.keep = keep  # tensors the work reads or writes
-        self.what = what
-        self.completed = False
-
-    def is_completed(self) -> bool:
-        if not self.completed and self.work.is_completed():
-            self.completed = True
-        return self.completed
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        from ..backends.gloo.transport import wait_work  # noqa: PLC0415
-
-        wait_work(self.work, None if timeout is None else time.monotonic() + timeout, self.what)
-        self.completed, self.keep = True, None
