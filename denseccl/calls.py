@@ -1,29 +1,22 @@
-"""Prepared calls: a call validated once, and the communicator's cache of them.
+"""Calls: what the engine (:meth:`~denseccl.flow.Flow.run`) runs, validated.
 
-A synchronous, in-place call on a NumPy array or a plain CPU torch tensor validates the same
-way every time for the same (collective, shape, strides, dtype, op, root): the layout, the dense
-rule, the op-dtype checks and the agreement descriptor are functions of those alone. So the
-first such call validates into a :class:`Call` (descriptor, digest, the transport's prepared
-start, and how to find the span from the array) that the communicator keeps under
-:func:`lookup`'s key; a repeated call looks it up and goes straight to the engine
-(:meth:`~denseccl.flow.Flow.run`), as the first call did. Every other call (``out=``, async,
-a device array, allgather, reduce-scatter, barrier) is validated each time into a Call of its
-own that the engine runs the same way.
+A synchronous, in-place call on a NumPy array or a :func:`plain_torch` tensor validates the
+same way every time for the same (collective, shape, strides, dtype, op, root): the first such
+call is validated into a :func:`prepared` :class:`Call` (descriptor, digest, the transport's
+prepared start, and how to find the span from the array) that the communicator's flow keeps;
+a repeated call runs it (:meth:`~denseccl.flow.Flow.replay`). Every other call is validated
+each time into a :func:`general` Call of its own, which the engine runs the same way.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Optional
 
-import numpy as np
-
-from . import config, log
+from . import log
 from .agreement import Descriptor, digest
 from .arrays import Buffer, data_pointer
 from .backends.base import DONE, Pending, Start, Step
-
-_ndarray = np.ndarray
 
 
 def _nothing_lost(address: int) -> None:
@@ -86,25 +79,6 @@ def prepared(descriptor: Descriptor, start: Start, buffer: Buffer) -> Call:
     )
 
 
-def lookup(
-    calls: Dict[Any, Call], collective: str, x: Any, call: Any, writes: bool
-) -> Tuple[Optional[tuple], Optional[Call]]:
-    """The cache key of ``collective`` on ``x`` with the rest of the ``call`` (op, root), or
-    None for arrays whose calls are not cached; and the call prepared for that key, if any and
-    if it may run on ``x`` without revalidating: a call that ``writes`` needs a writable NumPy
-    array (a read-only one takes the validating path, which says so)."""
-    if type(x) is _ndarray:
-        key: tuple = (collective, x.shape, x.strides, x.dtype, call)
-        found = calls.get(key)
-        if writes and found is not None and not x.flags.writeable:
-            found = None
-        return key, found
-    if plain_torch(x):
-        key = (collective, "torch", x.shape, x.stride(), x.dtype, call)
-        return key, calls.get(key)
-    return None, None
-
-
 def plain_torch(x: Any) -> bool:
     """Whether ``x`` is a torch tensor whose calls are cached: exactly ``torch.Tensor`` (not a
     subclass), on the CPU, strided, with neither the conjugate nor the negative bit set."""
@@ -115,11 +89,4 @@ def plain_torch(x: Any) -> bool:
     )
 
 
-def remember(calls: Dict[Any, Call], key: Any, call: Call) -> None:
-    """Keep ``call`` under ``key``; past :data:`config.PREPARED_CALLS` the cache starts over."""
-    if len(calls) >= config.PREPARED_CALLS:
-        calls.clear()
-    calls[key] = call
-
-
-__all__ = ["Call", "general", "lookup", "plain_torch", "prepared", "remember"]
+__all__ = ["Call", "general", "plain_torch", "prepared"]

@@ -34,16 +34,22 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
-from . import log, streams
+import numpy as np
+
+from . import config, log, streams
 from .agreement import Descriptor, agree
-from .calls import Call
+from .arrays import Buffer
+from .calls import Call, plain_torch, prepared
+from .dtypes import DTYPES
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
 from .backends.base import ControlChannel, Pending, Transport, abandon
+from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until
 from .recorder import recorder_for
 from .work import Work
 
 T = TypeVar("T")
+_ndarray = np.ndarray
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
 
@@ -127,6 +133,43 @@ class Flow:
             call.repeated = True
             log.trace("%s%s: %.1f us", call.descriptor.describe(), how, elapsed)
         return outcome
+
+    def replay(self, collective: str, x: Any, rest: Any, writes: bool) -> Tuple[Any, Any]:
+        """Run the call prepared for ``collective`` with ``rest`` (op, root) on ``x``'s geometry,
+        if there is one: ``(key, result)``. Else ``(key, None)``: ``key`` is where :meth:`prepare`
+        keeps the call once validated, None for arrays whose calls are not cached (NumPy arrays
+        and :func:`~denseccl.calls.plain_torch` tensors are). A call that ``writes`` runs only
+        on a writable NumPy array: a read-only one takes the validating path, which says so."""
+        if type(x) is _ndarray:
+            key: Any = (collective, x.shape, x.strides, x.dtype, rest)
+            call = self.calls.get(key)
+            if call is None or writes and not x.flags.writeable:
+                return key, None
+        elif plain_torch(x):
+            key = (collective, "torch", x.shape, x.stride(), x.dtype, rest)
+            call = self.calls.get(key)
+            if call is None:
+                return key, None
+        else:
+            return None, None
+        return key, self.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
+
+    def prepare(self, key: Any, descriptor: Descriptor, buffer: Buffer, op: Optional[Op]) -> Optional[Call]:
+        """The in-place call on ``buffer`` that :meth:`replay` found no call for under ``key``,
+        prepared by the transport and kept; None where it is not cached (no key, nothing to move,
+        or the transport prepares no such call). Past :data:`config.PREPARED_CALLS` the cache
+        starts over."""
+        count = buffer.layout.numel
+        if key is None or not count or self.transport.device_memory:
+            return None
+        dtype = DTYPES[buffer.layout.dtype]
+        start = self.transport.prepare(descriptor.collective, count, dtype, op, descriptor.root or 0)
+        if start is None:
+            return None
+        if len(self.calls) >= config.PREPARED_CALLS:
+            self.calls.clear()
+        call = self.calls[key] = prepared(descriptor, start, buffer)
+        return call
 
     def usable(self) -> None:
         """Raise :class:`CommunicatorBrokenError` if the communicator cannot be used."""
