@@ -1,30 +1,14 @@
-"""The engine: every collective, first or repeated, runs :meth:`Flow.run`.
+"""The engine: every collective, first or repeated, runs :meth:`Flow.run`: broken check ->
+agreement (agreement.agree, the only entry to it) -> start -> the wait (wait.py), or a Work
+(work.py), which completes through :meth:`Flow.wait`. The flow also keeps the prepared calls
+(:meth:`Flow.replay`, :meth:`Flow.prepare`) and is the interface for code built on the core
+(the torch adapter, work.py), so that none of it needs another module's private names.
 
-A :class:`~denseccl.communicator.Communicator` method turns its inputs into a validated
-:class:`~denseccl.calls.Call` (descriptor, digest, the transport's start): a repeated
-synchronous in-place call finds the one it prepared for that geometry in :attr:`Flow.calls`,
-any other call is validated into one of its own (calls.py). :meth:`Flow.run` then takes the
-same steps for all of them: broken check -> agreement (agreement.agree, the only entry to
-it) -> start -> the wait (wait.py), or a Work (work.py), which completes through
-:meth:`Flow.wait`. docs/design.md draws the whole picture.
-
-This class is also the interface for code built on the core (the torch adapter, work.py), so
-that none of it needs another module's private names:
-
-- :meth:`fail`: raise a local failure on every rank (joins the agreement as invalid);
-- :meth:`covered`: one agreement for several calls;
-- :attr:`broken`, :meth:`usable`: the broken state;
-- :meth:`wait`, :meth:`settle`, :meth:`test`, :meth:`adopt`: waiting, and dropped Works.
-
-Memory: a started transfer may touch the caller's arrays and the transport's temporaries until
-it completes, and MPI cannot cancel it. So every wait that ends other than by completion (a
-timeout, a peer that gave up, an interrupt) hands the transfer with what it uses to
-:func:`~denseccl.backends.base.abandon`, which keeps them for the process's life; and the
-Works dropped before completion (:attr:`orphans`) are abandoned whole if the flow goes away
-first. What a transfer can still touch includes its communicator: :meth:`close` releases the
-transport and control channel only when no Work is in flight and nothing was abandoned, and
-otherwise retires them (``Transport.retire``: the MPI communicators are never freed). Nothing
-a transfer can still touch is ever freed.
+Memory: a started transfer may touch the caller's arrays, the transport's temporaries and its
+communicator until it completes, and MPI cannot cancel it. So a wait that ends other than by
+completion hands the transfer with what it uses to :func:`~denseccl.backends.base.abandon`,
+dropped Works (:attr:`Flow.orphans`) are abandoned whole if the flow goes away first, and
+:meth:`Flow.close` retires the transport where a transfer may still run (docs/design.md).
 """
 
 from __future__ import annotations
@@ -264,9 +248,8 @@ class Flow:
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
             if not soon(test):  # a small call is done before a deadline is worth computing
-                wait_until(test, self.deadline(timeout), "the collective", watch=self._watch)
-            if self._gave_up[0]:
-                self._after()
+                wait_until(test, self.deadline(timeout), "the collective", watch=self._after)
+            self._after()
         except BaseException as error:
             self._abandon(error, test, keep)
             raise
@@ -283,13 +266,9 @@ class Flow:
             raise
         return True
 
-    def _watch(self) -> None:
-        """Between the polls of a wait: a peer that gave up makes it hopeless."""
-        if self._gave_up[0]:
-            self._after()
-
     def _after(self) -> None:
-        """A completed call may still have paired with one a peer gave up on: then it fails."""
+        """A completed call may still have paired with one a peer gave up on, and a wait for a
+        peer that gave up is hopeless: then it fails."""
         if self._gave_up[0]:
             raise peer_gave_up_error(self.control.peer_gave_up())
 
