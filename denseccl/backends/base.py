@@ -2,16 +2,13 @@
 
 A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
 nothing about layouts: pointers are the starts of storage spans, counts are element counts
-(per rank for allgather and reduce-scatter). ``send == recv`` means in place.
-
-Why this interface: the core (validation, the agreement, the engine's steps, the waits) is
-written once, and each library is reached through the same few methods, so that a backend is
-only its library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
-:class:`Start`), and a backend whose repeated calls need the ranks to decide something
-together (MPI's persistent requests) does it in :attr:`Start.step`, the agreement step it is
-handed, without the core knowing what it carries. A :class:`ControlChannel` is the small host
-channel the agreement and the "a peer gave up" news travel on; :func:`abandon` keeps whatever
-a transfer that cannot be cancelled may still touch.
+(per rank for allgather and reduce-scatter). ``send == recv`` means in place. So the core
+(validation, the agreement, the engine, the waits) is written once, and a backend is only its
+library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
+:class:`Start`); a backend whose repeated calls the ranks must decide together (MPI's
+persistent requests) does so in :attr:`Start.step`, the agreement step it is handed. A
+:class:`ControlChannel` carries the agreement and the "a peer gave up" news; :func:`abandon`
+keeps whatever a transfer that cannot be cancelled may still touch.
 """
 
 from __future__ import annotations
