@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
 from .layout import LayoutKey
 from .backends.base import ControlChannel, Step
 
-_FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
+#: the fields of a descriptor, as reports name them
+FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
 
 
 class Descriptor(NamedTuple):
@@ -107,8 +108,16 @@ def _descriptor(raw: Sequence[Any]) -> Descriptor:
     return Descriptor(collective, root, op, key)
 
 
-def _rank_list(ranks: List[int]) -> str:
+def rank_list(ranks: Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2``."""
+    ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def differing_fields(entries: Iterable[Mapping[str, object]]) -> List[str]:
+    """The :data:`FIELDS` whose values differ among ``entries`` (descriptors' fields)."""
+    values = [[repr(entry.get(name)) for name in FIELDS] for entry in entries]
+    return [name for name, column in zip(FIELDS, zip(*values)) if len(set(column)) > 1]
 
 
 def mismatch_report(entries: Sequence[Dict[str, object]], my_rank: int) -> str:
@@ -125,9 +134,8 @@ def mismatch_report(entries: Sequence[Dict[str, object]], my_rank: int) -> str:
         line = descriptor.describe()
         groups.setdefault(line, []).append(rank)
         descriptors[line] = descriptor
-    lines = [f"  {_rank_list(ranks)}: {line}" for line, ranks in groups.items()]
-    distinct = list(descriptors.values())
-    differing = [f for f in _FIELDS if len({repr(d.fields()[f]) for d in distinct}) > 1]
+    lines = [f"  {rank_list(ranks)}: {line}" for line, ranks in groups.items()]
+    differing = differing_fields(d.fields() for d in descriptors.values())
     if invalid_lines and not differing:
         headline = "a peer's input failed validation"
     else:

@@ -118,20 +118,16 @@ class Layout:
         raise AttributeError("Layout is immutable")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and (self.shape, self.strides, self.itemsize, self.dtype) == (
-            other.shape,
-            other.strides,
-            other.itemsize,
-            other.dtype,
-        )
+        return isinstance(other, Layout) and self.__reduce__() == other.__reduce__()
 
     def __hash__(self) -> int:
-        return hash((self.shape, self.strides, self.itemsize, self.dtype))
+        return hash(self.__reduce__())
 
     def __repr__(self) -> str:
         return f"Layout(shape={self.shape}, strides={self.strides}, itemsize={self.itemsize}, dtype={self.dtype!r})"
 
     def __reduce__(self) -> Tuple[type, Tuple[Any, ...]]:
+        """How a Layout pickles: the four values that make it, which also decide equality."""
         return Layout, (self.shape, self.strides, self.itemsize, self.dtype)
 
     @property
