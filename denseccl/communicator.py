@@ -18,11 +18,10 @@ from .calls import general
 from .arrays import HOST, Buffer, allocate, as_buffer
 from .dtypes import DTYPES
 from .errors import ArgumentError, DenseCCLError, LayoutError
-from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
 from .backends.base import ControlChannel, Transport
-from .work import Work
+from .flow import Flow, Work
 
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:

@@ -1,8 +1,8 @@
 """The engine: every collective, first or repeated, runs :meth:`Flow.run`: broken check ->
-agreement (agreement.agree, the only entry to it) -> start -> the wait (wait.py), or a Work
-(work.py), which completes through :meth:`Flow.wait`. The flow also keeps the prepared calls
-(:meth:`Flow.replay`, :meth:`Flow.prepare`) and is the interface for code built on the core
-(the torch adapter, work.py), so that none of it needs another module's private names.
+agreement (agreement.agree, the only entry to it) -> start -> the wait (wait.py), or a
+:class:`Work`, which completes through :meth:`Flow.wait`. The flow also keeps the prepared
+calls (:meth:`Flow.replay`, :meth:`Flow.prepare`) and is the interface for code built on the
+core (the torch adapter, :class:`Work`), so that none of it needs another module's private names.
 
 Memory: a started transfer may touch the caller's arrays, the transport's temporaries and its
 communicator until it completes, and MPI cannot cancel it. So a wait that ends other than by
@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tupl
 import numpy as np
 
 from . import config, log, streams
+from .config import Seconds, seconds
 from .agreement import Descriptor, agree
 from .arrays import Buffer
 from .calls import Call, plain_torch, prepared
@@ -30,7 +31,6 @@ from .backends.base import ControlChannel, Pending, Transport, abandon
 from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until
 from .recorder import recorder_for
-from .work import Work
 
 T = TypeVar("T")
 _ndarray = np.ndarray
@@ -60,7 +60,7 @@ class Flow:
         self.calls: Dict[Any, Call] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
-        #: one entry per Work handed out that has neither completed nor been dropped (work.py
+        #: one entry per Work handed out that has neither completed nor been dropped (Work
         #: appends and pops them: atomic, and the torch adapter completes Works in a thread)
         self.unfinished: List[bool] = []
         #: a transfer of this communicator was abandoned: it may never complete
@@ -370,6 +370,72 @@ class Flow:
                 self._gave_up = CLOSED  # its Works have all completed: waiting again reads no channel
 
 
+class Work:
+    """A collective started with ``async_op=True``. ``wait()`` returns its result.
+
+    A Work dropped before it has completed is adopted by its communicator's flow, with the
+    buffers its transfer uses, and completed there: by a later call on the communicator, or by
+    ``close()``. Its result (an average's division included) is then written as if it had
+    been waited for. If the communicator goes away first, or breaks, the transfer and its
+    buffers are kept for the process's life: nothing it may still touch is freed. Until it
+    completes or is dropped it is counted in its flow's ``unfinished``: a communicator closed
+    meanwhile keeps its library communicator, which the transfer uses."""
+
+    __slots__ = ("_flow", "_pending", "_result", "_keep", "_done", "_seq")
+
+    def __init__(self, flow: Flow, pending: Pending, result: Any, keep: Any) -> None:
+        self._flow = flow
+        self._pending = pending
+        self._result = result
+        self._keep = keep  # the buffers the transfer reads and writes
+        self._done = False
+        flow.unfinished.append(True)
+        self._seq = flow.recorder.began_async() if flow.recorder else -1
+
+    def wait(self, timeout: Seconds = None) -> Any:
+        """Block until the collective has completed and return its result array.
+        ``timeout`` (seconds or a ``datetime.timedelta``) defaults to the communicator's. On a device transport (NCCL)
+        this does not block the host: it makes the caller's current stream wait for the
+        collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
+        return self._wait(timeout, False)
+
+    def synchronize(self, timeout: Seconds = None) -> Any:
+        """Block the host until the collective has completed (on the device too) and return
+        its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
+        communicator's), which also aborts a device communicator."""
+        return self._wait(timeout, True)
+
+    def _wait(self, timeout: Seconds, synchronize: bool) -> Any:
+        self._flow.wait(self._pending, (self._keep, self._result), seconds(timeout, "timeout"), synchronize)
+        self._completed()
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once the collective has completed; never blocks. A failure seen while polling
+        (e.g. in the host step after the transfer) marks the communicator broken, as wait() does."""
+        if not self._done and self._flow.test(self._pending, (self._keep, self._result)):
+            self._completed()
+        return self._done
+
+    def _completed(self) -> None:
+        if not self._done:
+            self._done, self._keep = True, None
+            self._flow.unfinished.pop()
+            if self._flow.recorder:
+                self._flow.recorder.ended(self._seq)
+
+    @property
+    def result(self) -> Any:
+        """The result array (valid once the work has completed)."""
+        return self._result
+
+    def __del__(self) -> None:
+        if not self._done:  # nobody can wait for it any more: its communicator's flow will
+            keep = (self._keep, self._result)
+            self._completed()
+            self._flow.adopt(self._pending, keep)
+
+
 def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
     """A flow went away, or the interpreter exits (before it clears the modules, and before
     MPI is finalized): keep the dropped Works still in flight for the process's life. MPI
@@ -380,4 +446,4 @@ def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) 
         abandon(orphans)
 
 
-__all__ = ["Flow", "Test"]
+__all__ = ["Flow", "Test", "Work"]
