@@ -1,6 +1,6 @@
 """The Communicator: validate locally into a call, then run the engine (flow.py).
 
-Each collective validates its inputs into a :class:`~denseccl.calls.Call` (descriptor, digest,
+Each collective validates its inputs into a :class:`~denseccl.flow.Call` (descriptor, digest,
 the transport's start); a rank whose input fails validation still joins the agreement step (as
 "invalid", :meth:`Flow.fail`) so that every rank raises and nobody is left waiting; nothing is
 written before agreement succeeds. A synchronous in-place call on a host array is validated
@@ -14,14 +14,13 @@ from typing import Any, Optional, Tuple
 
 from . import config, streams
 from .agreement import Descriptor
-from .calls import general
 from .arrays import HOST, Buffer, allocate, as_buffer
 from .dtypes import DTYPES
 from .errors import ArgumentError, DenseCCLError, LayoutError
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
 from .backends.base import ControlChannel, Transport
-from .flow import Flow, Work
+from .flow import Flow, Work, general
 
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:

@@ -1,8 +1,14 @@
-"""The engine: every collective, first or repeated, runs :meth:`Flow.run`: broken check ->
-agreement (agreement.agree, the only entry to it) -> start -> the wait (wait.py), or a
-:class:`Work`, which completes through :meth:`Flow.wait`. The flow also keeps the prepared
-calls (:meth:`Flow.replay`, :meth:`Flow.prepare`) and is the interface for code built on the
-core (the torch adapter, :class:`Work`), so that none of it needs another module's private names.
+"""The engine: every collective, first or repeated, runs :meth:`Flow.run` on a validated
+:class:`Call`: broken check -> agreement (agreement.agree, the only entry to it) -> start ->
+the wait (wait.py), or a :class:`Work`, which completes through :meth:`Flow.wait`.
+
+A synchronous in-place call on a NumPy array or a :func:`plain_torch` tensor validates the same
+way every time for the same (collective, shape, strides, dtype, op, root): the first one is
+validated into a Call bound to the transport's prepared start that the flow keeps
+(:meth:`Flow.prepare`), and a repeated one runs it (:meth:`Flow.replay`). Every other call is
+validated each time into a :func:`general` Call. The flow is also the interface for code built
+on the core (the torch adapter, :class:`Work`), so that none of it needs another module's
+private names.
 
 Memory: a started transfer may touch the caller's arrays, the transport's temporaries and its
 communicator until it completes, and MPI cannot cancel it. So a wait that ends other than by
@@ -14,6 +20,7 @@ dropped Works (:attr:`Flow.orphans`) are abandoned whole if the flow goes away f
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
@@ -22,12 +29,11 @@ import numpy as np
 
 from . import config, log, streams
 from .config import Seconds, seconds
-from .agreement import Descriptor, agree
-from .arrays import Buffer
-from .calls import Call, plain_torch, prepared
+from .agreement import Descriptor, agree, digest
+from .arrays import Buffer, data_pointer
 from .dtypes import DTYPES
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .backends.base import ControlChannel, Pending, Transport, abandon
+from .backends.base import DONE, ControlChannel, Pending, Step, Transport, abandon
 from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until
 from .recorder import recorder_for
@@ -36,6 +42,67 @@ T = TypeVar("T")
 _ndarray = np.ndarray
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
+
+
+def _nothing_lost(address: int) -> None:
+    """A general call holds nothing that outlives its transfer."""
+
+
+class Call:
+    """One validated call for the engine. ``start(address)`` starts the transfer (after the
+    agreement) and returns its test where ``tested`` (a host call waited for at once), else a
+    :class:`Pending`. ``step``, ``lost``: the transport's (``base.Start``), for prepared
+    calls. ``offset`` and ``pointer_of`` find the span of a later array of the same geometry
+    (``pointer_of(x) + offset``)."""
+
+    __slots__ = (
+        "descriptor", "value", "start", "step", "lost", "tested", "offset", "pointer_of", "tracing", "repeated",
+    )
+
+    def __init__(
+        self,
+        descriptor: Descriptor,
+        start: Callable[[int], Any],
+        *,
+        tested: bool = False,
+        step: Optional[Step] = None,
+        lost: Callable[[int], None] = _nothing_lost,
+        offset: int = 0,
+        pointer_of: Optional[Callable[[Any], int]] = None,
+    ) -> None:
+        self.descriptor = descriptor
+        self.value = digest(descriptor)
+        self.start = start
+        self.tested = tested
+        self.step = step
+        self.lost = lost
+        self.offset = offset
+        self.pointer_of = pointer_of
+        #: DENSECCL_DEBUG=TRACE when the call was prepared: the engine times it
+        self.tracing = log.tracing()
+        #: it has run before (a cache hit): the trace says so
+        self.repeated = False
+
+
+def general(descriptor: Descriptor, start: Optional[Callable[..., Pending]], *args: Any) -> Call:
+    """A call validated for this time only: ``start(*args)`` (None: nothing to move)."""
+    if start is None:
+        return Call(descriptor, _done)
+    return Call(descriptor, lambda _address: start(*args))
+
+
+def _done(_address: int) -> Pending:
+    return DONE
+
+
+def plain_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor whose calls are cached: exactly ``torch.Tensor`` (not a
+    subclass), on the CPU, strided, with neither the conjugate nor the negative bit set."""
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None and type(x) is torch.Tensor and x.is_cpu and x.layout is torch.strided
+        and not x.is_conj() and not x.is_neg()
+    )
 
 
 class Flow:
@@ -56,7 +123,7 @@ class Flow:
         self.on_timeout = on_timeout
         #: why the communicator is unusable, or None
         self.broken: Optional[str] = None
-        #: the prepared calls of repeated geometries, by cache key (calls.py)
+        #: the prepared calls of repeated geometries, by cache key (:meth:`replay`)
         self.calls: Dict[Any, Call] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
@@ -122,7 +189,7 @@ class Flow:
         """Run the call prepared for ``collective`` with ``rest`` (op, root) on ``x``'s geometry,
         if there is one: ``(key, result)``. Else ``(key, None)``: ``key`` is where :meth:`prepare`
         keeps the call once validated, None for arrays whose calls are not cached (NumPy arrays
-        and :func:`~denseccl.calls.plain_torch` tensors are). A call that ``writes`` runs only
+        and :func:`plain_torch` tensors are). A call that ``writes`` runs only
         on a writable NumPy array: a read-only one takes the validating path, which says so."""
         if type(x) is _ndarray:
             key: Any = (collective, x.shape, x.strides, x.dtype, rest)
@@ -152,7 +219,11 @@ class Flow:
             return None
         if len(self.calls) >= config.PREPARED_CALLS:
             self.calls.clear()
-        call = self.calls[key] = prepared(descriptor, start, buffer)
+        pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
+        call = self.calls[key] = Call(
+            descriptor, start.start, tested=True, step=start.step, lost=start.lost,
+            offset=buffer.span_pointer - buffer.pointer, pointer_of=pointer_of,
+        )
         return call
 
     def usable(self) -> None:
@@ -185,11 +256,7 @@ class Flow:
         if self.recorder:
             self.recorder.record(descriptor)
         if self.check and self.size > 1:
-            try:
-                agree(self.control, descriptor, self.deadline())
-            except Exception as error:
-                self.note_failure(error)
-                raise
+            self.start(agree, self.control, descriptor, self.deadline())
 
     def fail(self, collective: str, error: BaseException) -> NoReturn:
         """Raise ``error`` after taking part in the agreement as invalid, so that every peer
@@ -219,8 +286,8 @@ class Flow:
             self.check = check
 
     def start(self, step: Callable[..., T], *args: Any) -> T:
-        """Start a transfer (or another library call); a failure of the library breaks the
-        communicator."""
+        """``step(*args)``: a transfer, the agreement or another library call, whose failure
+        (other than a local or agreement error) breaks the communicator."""
         try:
             return step(*args)
         except Exception as error:
@@ -446,4 +513,4 @@ def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) 
         abandon(orphans)
 
 
-__all__ = ["Flow", "Test", "Work"]
+__all__ = ["Call", "Flow", "Test", "Work", "general", "plain_torch"]

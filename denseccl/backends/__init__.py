@@ -1,6 +1,6 @@
 """The backends: what moves the bytes, and the small host channel the ranks agree on.
 
-The core (communicator.py, flow.py, calls.py, agreement.py, wait.py) knows layouts and the
+The core (communicator.py, flow.py, agreement.py, wait.py) knows layouts and the
 order of a call's steps; it knows no library. A backend knows one library and no layouts.
 Between them stands the interface of :mod:`.base`: a ``Transport`` maps (pointer, count,
 dtype, op, root, stream) to one library call and returns a ``Pending``; ``Transport.prepare``
