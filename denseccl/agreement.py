@@ -86,18 +86,13 @@ def disagree(
 ) -> NoReturn:
     """The second step, taken by every rank once ``all_equal`` has said no: exchange the full
     descriptors and raise the same report everywhere (``invalid`` itself on its own rank)."""
-    mine = {"descriptor": list(descriptor), "invalid": _error_text(invalid)}
+    text = None if invalid is None else f"{type(invalid).__name__}: {invalid}"
+    mine = {"descriptor": list(descriptor), "invalid": text}
     payloads = control.allgather_bytes(json.dumps(mine).encode(), deadline)
     report = mismatch_report([json.loads(p) for p in payloads], control.rank)
     if invalid is not None:
         raise invalid
     raise MismatchError(report)
-
-
-def _error_text(error: Optional[BaseException]) -> Optional[str]:
-    if error is None:
-        return None
-    return f"{type(error).__name__}: {error}"
 
 
 def _descriptor(raw: Sequence[Any]) -> Descriptor:

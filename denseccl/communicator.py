@@ -1,11 +1,9 @@
-"""The Communicator: validate locally into a call, then run the engine (flow.py).
+"""The Communicator: validate locally into a :class:`~denseccl.flow.Call`, then run the engine.
 
-Each collective validates its inputs into a :class:`~denseccl.flow.Call` (descriptor, digest,
-the transport's start); a rank whose input fails validation still joins the agreement step (as
-"invalid", :meth:`Flow.fail`) so that every rank raises and nobody is left waiting; nothing is
-written before agreement succeeds. A synchronous in-place call on a host array is validated
-once per geometry: :meth:`Flow.replay` runs the call prepared then, else the call is validated
-and :meth:`Flow.prepare` keeps it. Either way :meth:`Flow.run` runs it.
+A repeated synchronous in-place call on a host array runs the call prepared for its geometry
+(:meth:`Flow.replay`); any other call is validated here. A rank whose input fails validation
+still joins the agreement step (as "invalid", :meth:`Flow.fail`), so that every rank raises
+and nobody is left waiting; nothing is written before the agreement succeeds.
 """
 
 from __future__ import annotations

@@ -134,13 +134,10 @@ def _mpi_status() -> Tuple[bool, str]:
         return False, "mpi4py is not installed: pip install 'denseccl[mpi]' (mpi4py and MPICH)"
     except Exception as error:  # noqa: BLE001
         return False, f"mpi4py cannot load an MPI library ({type(error).__name__}: {error})"
-    where = mpiexec_note()
+    library = _first_line(str(MPI.Get_library_version()))
     if config.launched_by_mpi():
-        return True, f"yes: started by an MPI launcher; {_first_line(str(MPI.Get_library_version()))}"
-    return (
-        True,
-        f"yes ({_first_line(str(MPI.Get_library_version()))}); not started by mpiexec here, so one rank alone; {where}",
-    )
+        return True, f"yes: started by an MPI launcher; {library}"
+    return True, f"yes ({library}); not started by mpiexec here, so one rank alone; {mpiexec_note()}"
 
 
 def mpiexec_note() -> str:
@@ -151,11 +148,8 @@ def mpiexec_note() -> str:
     beside = os.path.join(sys.prefix, "bin", "mpiexec")
     own = beside if os.access(beside, os.X_OK) else None
     if on_path is None:
-        return (
-            f"no mpiexec on PATH (this environment's: {own})"
-            if own
-            else "no mpiexec on PATH (pip install mpich, or load your MPI module)"
-        )
+        found = f"this environment's: {own}" if own else "pip install mpich, or load your MPI module"
+        return f"no mpiexec on PATH ({found})"
     if own and os.path.realpath(own) != os.path.realpath(on_path):
         return f"mpiexec on PATH: {on_path}; this environment's is another one: {own}"
     return f"mpiexec on PATH: {on_path}"

@@ -142,11 +142,9 @@ class Flow:
     def run(
         self, call: Call, address: int, result: Any, keep: Any = None, async_op: bool = False, stream: Any = None
     ) -> Any:
-        """The engine: every call, first or repeated, runs here. Broken check, the agreement on
-        ``call.descriptor`` (when checking and there are peers), ``call.start(address)``, then
-        the wait, or a Work with ``async_op``; returns ``result``. ``keep``: the buffers the
-        transfer reads and writes (default ``result``); on a device transport they are
-        recorded on ``stream``, the one the transfer runs on."""
+        """The engine: run ``call`` on the span at ``address`` and return ``result`` (or its Work
+        with ``async_op``). ``keep``: the buffers the transfer reads and writes (default
+        ``result``); on a device transport they are recorded on ``stream``, where it runs."""
         if self.broken is not None:
             self.usable()
         if self.recorder:
@@ -250,9 +248,8 @@ class Flow:
         return deadline_after(self.timeout if timeout is None else timeout)
 
     def agree(self, descriptor: Descriptor) -> None:
-        """The agreement step on ``descriptor`` alone, for a step that is not a collective of
-        the engine (a split, the torch adapter's composite calls), when checking and there are
-        peers."""
+        """The agreement step on ``descriptor`` for a step that is not a call of the engine (a
+        split, the torch adapter's composite calls)."""
         if self.recorder:
             self.recorder.record(descriptor)
         if self.check and self.size > 1:
@@ -274,10 +271,9 @@ class Flow:
 
     @contextlib.contextmanager
     def covered(self, descriptor: Descriptor) -> Iterator[None]:
-        """Agree once on ``descriptor`` for a composite call (torch's coalesced allreduce: one
-        descriptor for all its tensors); the collectives issued inside are covered by it and
-        skip their own agreement step. They run on buffers the caller built from the agreed
-        inputs, so they cannot disagree."""
+        """Agree once on ``descriptor`` for a composite call (torch's coalesced allreduce); the
+        collectives issued inside run on buffers built from the agreed inputs, so they skip
+        their own agreement step."""
         self.agree(descriptor)
         check, self.check = self.check, False
         try:
@@ -344,9 +340,8 @@ class Flow:
         self.note_failure(error)
 
     def _keep(self, *things: Any, _abandon: Callable[..., None] = abandon) -> None:
-        """Abandon a transfer with what it uses (it may never complete; its communicator too is
-        then kept at :meth:`close`). ``_abandon`` is bound here: a Work dropped while the
-        interpreter clears the modules at exit gets here too."""
+        """Abandon a transfer with what it uses (its communicator too is then kept at
+        :meth:`close`). ``_abandon`` is bound here: this runs while modules are cleared at exit."""
         self.abandoned = True
         _abandon(*things)
 
@@ -415,9 +410,8 @@ class Flow:
 
     def close(self) -> None:
         """Complete the dropped Works (within the timeout), then release the transport and the
-        control channel. Whatever did not complete is kept alive: where a Work is still in
-        flight (dropped or not) or a transfer was abandoned, the transport and control channel
-        are retired instead (their communicators are kept for the process's life)."""
+        control channel, or retire them where a Work is still in flight or a transfer was
+        abandoned (their communicators are kept for the process's life)."""
         if self.broken == "closed":
             return
         try:

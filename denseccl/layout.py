@@ -1,8 +1,5 @@
 """The pure core: which memory layouts are dense, where their storage span lies, and when two
-layouts are the same.
-
-Everything here works on plain integers (sizes and element strides) and imports nothing
-heavier than the standard library, so it can be tested on its own and shared by every adapter.
+layouts are the same. Plain integers (sizes, element strides) and the standard library only.
 
 A layout is *non-overlapping and dense* when its elements fill exactly one block of ``numel``
 consecutive elements, the **storage span**, in some permuted (and, with negative strides,
@@ -89,18 +86,11 @@ class Layout:
 
     def __init__(self, shape: Sequence[int], strides: Sequence[int], itemsize: int, dtype: str) -> None:
         shape, strides = tuple(shape), tuple(strides)
-        is_dense = is_non_overlapping_and_dense(shape, strides)
         numel = prod(shape)
-        for name, value in (
-            ("shape", shape),
-            ("strides", strides),
-            ("itemsize", itemsize),
-            ("dtype", dtype),
-            ("numel", numel),
-            ("is_dense", is_dense),
-            ("span", (span_start(shape, strides), numel)),
-            ("key", layout_key(dtype, shape, strides)),
-        ):
+        dense = is_non_overlapping_and_dense(shape, strides)
+        span = (span_start(shape, strides), numel)
+        values = (shape, strides, itemsize, dtype, numel, dense, span, layout_key(dtype, shape, strides))
+        for name, value in zip(self.__slots__, values):  # in the order of __slots__
             object.__setattr__(self, name, value)
 
     shape: Shape
