@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
@@ -93,19 +93,6 @@ _DEBUG = ("WARN", "INFO", "TRACE")
 #: or abort the whole job (MPI_Abort), as MPI's default error handler does
 ON_TIMEOUT = ("raise", "abort")
 _WAITS = ("auto", "spin", "yield")
-_NAMES = (
-    "DENSECCL_BACKEND",
-    "DENSECCL_CHECK",
-    "DENSECCL_TIMEOUT",
-    "DENSECCL_SHARED_AGREEMENT",
-    "DENSECCL_HOST_KERNELS",
-    "DENSECCL_TORCH_POLL",
-    "DENSECCL_DEBUG",
-    "DENSECCL_ON_TIMEOUT",
-    "DENSECCL_WAIT",
-    "DENSECCL_TRACE_BUFFER",
-    "DENSECCL_TRACE_DIR",
-)
 
 Seconds = Union[None, int, float, datetime.timedelta]
 
@@ -125,6 +112,10 @@ class Settings:
     wait: str
     trace_buffer: int
     trace_dir: Optional[str]
+
+
+#: the variables, in the order of the fields of :class:`Settings` they set
+_NAMES = tuple(f"DENSECCL_{field.name.upper()}" for field in fields(Settings))
 
 
 def flag(word: Union[bool, str], what: str) -> bool:

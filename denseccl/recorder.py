@@ -120,7 +120,7 @@ class Recorder:
         offset = time.time() - time.monotonic()
         calls = []
         for seq, descriptor, started in self.ring.copy():  # one step: another thread may append meanwhile
-            entry: Dict[str, Any] = dict(seq=seq, **_fields(descriptor))
+            entry: Dict[str, Any] = dict(seq=seq, **descriptor.fields())
             entry["started"] = started + offset
             failure = self.failures.get(seq)
             if failure is not None:
@@ -152,15 +152,6 @@ class Recorder:
             handle.write(text)
         os.replace(partial, path)  # a reader never sees half a dump
         return path
-
-
-def _fields(descriptor: Any) -> Dict[str, Any]:
-    """A descriptor's fields as JSON values (agreement.Descriptor.fields)."""
-    fields = dict(descriptor.fields())
-    for name in ("shape", "layout"):
-        if fields[name] is not None:
-            fields[name] = list(fields[name])
-    return fields
 
 
 def recorder_for(rank: int, size: int, backend: str) -> Optional[Recorder]:
