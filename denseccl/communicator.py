@@ -341,13 +341,11 @@ class Communicator:
     def _check_device(self, buffer: Buffer, name: str) -> None:
         on_device = buffer.device != HOST
         if on_device != self.transport.device_memory:
+            kind, moves, backend = ("device", "host", "nccl") if on_device else ("host", "device", "mpi")
             where = "device (CUDA)" if on_device else "host"
-            wanted = "device arrays: use denseccl.init(backend='nccl')"
-            if not on_device:
-                wanted = "host arrays: use denseccl.init(backend='mpi')"
-            moves = "device" if self.transport.device_memory else "host"
             raise ArgumentError(
-                f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for {wanted}"
+                f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for "
+                f"{kind} arrays: use denseccl.init(backend='{backend}')"
             )
         bound = self.transport.device
         if on_device and bound is not None and buffer.device != bound:
