@@ -33,10 +33,7 @@ def is_non_overlapping_and_dense(shape: Sequence[int], strides: Sequence[int]) -
     if any(size == 0 for size in shape):
         return True
     expected = 1
-    for size, stride in sorted(
-        ((size, abs(stride)) for size, stride in zip(shape, strides) if size != 1),
-        key=lambda dim: dim[1],
-    ):
+    for stride, size in sorted((abs(stride), size) for size, stride in zip(shape, strides) if size != 1):
         if stride != expected:
             return False
         expected *= size
@@ -57,9 +54,7 @@ def physical_order(shape: Sequence[int], strides: Sequence[int]) -> Tuple[int, .
     Ties (size-1 dims, equal strides) are broken by dim index so that every rank derives the
     same permutation from the same layout key.
     """
-    return tuple(
-        sorted(range(len(shape)), key=lambda d: (-abs(strides[d]) if shape[d] != 1 else 1, d))
-    )
+    return tuple(sorted(range(len(shape)), key=lambda d: (-abs(strides[d]) if shape[d] != 1 else 1, d)))
 
 
 def contiguous_strides(shape: Sequence[int], order: Optional[Sequence[int]] = None) -> Strides:
