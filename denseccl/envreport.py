@@ -97,11 +97,9 @@ def nccl_version(load: bool = True) -> str:
 
 
 def versions(load: bool = True) -> "OrderedDict[str, str]":
-    """Version of denseccl, Python, every optional dependency, the MPI library and NCCL.
-
-    ``load`` False reports what is installed without importing anything new (the benchmark's
-    header: importing CuPy there would cost time and could warn inside the table); modules
-    already imported report their own version."""
+    """Version of denseccl, Python, every optional dependency, the MPI library and NCCL. With
+    ``load`` False nothing new is imported (the benchmark's header: importing CuPy there costs
+    time and could warn inside the table); modules already imported report their own version."""
     found: "OrderedDict[str, str]" = OrderedDict()
     found["denseccl"] = __version__
     found["python"] = f"{platform.python_version()} ({platform.python_implementation()})"

@@ -41,11 +41,8 @@ class Waiting:
         rank of the host. ``doorbells``: the host's (the largest set wins)."""
         policy = config.settings().wait
         self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        if (
-            policy == "auto"
-            and doorbells is not None
-            and (self.doorbells is None or doorbells.size >= self.doorbells.size)
-        ):
+        larger = doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size)
+        if policy == "auto" and larger:
             if self.doorbells is not None:
                 self.doorbells.retire()
             self.doorbells = doorbells
