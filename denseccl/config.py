@@ -153,9 +153,7 @@ def timeout(value: Seconds = None) -> Optional[float]:
     chosen = seconds(value, "timeout")
     if chosen is None:
         chosen = settings().timeout
-    if chosen is None:
-        chosen = DEFAULT_TIMEOUT
-    return chosen or None
+    return (DEFAULT_TIMEOUT if chosen is None else chosen) or None
 
 
 def settings(environ: Optional[Mapping[str, str]] = None) -> Settings:

@@ -84,6 +84,8 @@ def as_op(op: OpLike) -> Op:
 #: torch's op names are denseccl's member names
 _TORCH_OPS = {name: ReduceOp[name] for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG")}
 _MPI_OPS = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX}
+#: mpi4py's ops that denseccl names when it refuses them
+_MPI_OTHER_OPS = ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
 
 
 def _foreign_op(op: Any) -> Optional[Union[ReduceOp, PreMulSum]]:
@@ -111,13 +113,9 @@ def _foreign_op(op: Any) -> Optional[Union[ReduceOp, PreMulSum]]:
         for name, kind in _MPI_OPS.items():
             if op == getattr(mpi, name):
                 return kind
-        known = [
-            n
-            for n in ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
-            if op == getattr(mpi, n, None)
-        ]
+        known = next((name for name in _MPI_OTHER_OPS if op == getattr(mpi, name, None)), "Op")
         raise OpError(
-            f"reduction op MPI.{known[0] if known else 'Op'} is not supported by denseccl: "
+            f"reduction op MPI.{known} is not supported by denseccl: "
             "use MPI.SUM, MPI.PROD, MPI.MIN or MPI.MAX "
             "(or 'sum', 'prod', 'min', 'max', 'avg', denseccl.PreMulSum(factor))"
         )
