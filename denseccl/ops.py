@@ -81,14 +81,11 @@ def as_op(op: OpLike) -> Op:
     )
 
 
-_TORCH_OPS = {
-    "SUM": ReduceOp.SUM,
-    "PRODUCT": ReduceOp.PRODUCT,
-    "MIN": ReduceOp.MIN,
-    "MAX": ReduceOp.MAX,
-    "AVG": ReduceOp.AVG,
-}
+#: torch's op names are denseccl's member names
+_TORCH_OPS = {name: ReduceOp[name] for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG")}
 _MPI_OPS = {"SUM": ReduceOp.SUM, "PROD": ReduceOp.PRODUCT, "MIN": ReduceOp.MIN, "MAX": ReduceOp.MAX}
+#: mpi4py's ops that denseccl names when it refuses them
+_MPI_OTHER_OPS = ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
 
 
 def _foreign_op(op: Any) -> Optional[Union[ReduceOp, PreMulSum]]:
@@ -116,13 +113,9 @@ def _foreign_op(op: Any) -> Optional[Union[ReduceOp, PreMulSum]]:
         for name, kind in _MPI_OPS.items():
             if op == getattr(mpi, name):
                 return kind
-        known = [
-            n
-            for n in ("LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
-            if op == getattr(mpi, n, None)
-        ]
+        known = next((name for name in _MPI_OTHER_OPS if op == getattr(mpi, name, None)), "Op")
         raise OpError(
-            f"reduction op MPI.{known[0] if known else 'Op'} is not supported by denseccl: "
+            f"reduction op MPI.{known} is not supported by denseccl: "
             "use MPI.SUM, MPI.PROD, MPI.MIN or MPI.MAX "
             "(or 'sum', 'prod', 'min', 'max', 'avg', denseccl.PreMulSum(factor))"
         )
@@ -171,12 +164,12 @@ def check_op_for_dtype(op: Op, dtype: DType, transport_dtypes: Mapping[str, obje
     if kind not in KIND_OPS[dtype.kind]:
         allowed = ", ".join(sorted(str(o) for o in KIND_OPS[dtype.kind] if o is not ReduceOp.PREMUL_SUM))
         raise OpError(f"op {op} is not defined for dtype {dtype.name} (allowed: {allowed})")
-    if isinstance(op, PreMulSum) and dtype.kind in "iu" and op.factor != int(op.factor):
-        raise OpError(
-            f"PreMulSum factor {op.factor!r} is not an integer, so it cannot scale {dtype.name} "
-            "inputs; use a float dtype or an integer factor"
-        )
     if isinstance(op, PreMulSum) and dtype.kind in "iu":
+        if op.factor != int(op.factor):
+            raise OpError(
+                f"PreMulSum factor {op.factor!r} is not an integer, so it cannot scale {dtype.name} "
+                "inputs; use a float dtype or an integer factor"
+            )
         bits = 8 * dtype.itemsize
         low, high = (0, 2**bits - 1) if dtype.kind == "u" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         if not low <= int(op.factor) <= high:

@@ -3,18 +3,11 @@ call times out (or a peer gave up), and on request.
 
 Every call that takes part in the agreement step is numbered in order (its sequence, the same on
 every rank of a communicator whose ranks make the same calls) and recorded with its descriptor
-(collective, root, op, dtype, shape, layout) and the time its agreement step began. A failure
-marks the call it belongs to (its error and time). A call is ``started`` until it is known to
-have ended: a synchronous call has ended once its caller made the next call or asked for a dump;
-a call started with ``async_op=True`` once its Work completed.
-
-The cost per call is one append of ``(sequence, descriptor, start)`` to a bounded deque: the
-descriptor is a reference (built once per geometry and kept by its plan), the start is the
-clock reading the agreement step takes for its deadline anyway; nothing is formatted until a
-dump. ``DENSECCL_TRACE_BUFFER`` sets how many calls each communicator keeps
-(0: none), ``DENSECCL_TRACE_DIR`` where dumps go. The dumps of every rank are read together by
-``python -m denseccl.trace_summary DIR``, which says which rank is
-behind, at which call, and where the ranks' descriptors differ (docs/debugging.md).
+and the time its agreement step began; a failure marks the call it belongs to. A call is
+``started`` until it is known to have ended: a synchronous call once its caller made the next
+call or asked for a dump, an ``async_op`` call once its Work completed. The cost per call is one
+append of ``(sequence, descriptor, start)`` to a bounded deque; nothing is formatted until a
+dump. ``python -m denseccl.trace_summary DIR`` reads every rank's dumps (docs/debugging.md).
 """
 
 from __future__ import annotations
@@ -64,11 +57,6 @@ class Recorder:
         #: the path of the dump written on failure, once written (one per communicator)
         self.dumped: Optional[str] = None
         _live.add(self)
-
-    def fast_path(self) -> Tuple[Callable[[Tuple[int, Any, float]], None], Callable[[], int]]:
-        """What a replayed call binds once (plans.py): ``append((sequence(), descriptor, start))``
-        records it, with no Python call in between."""
-        return self.ring.append, self.sequence
 
     def record(self, descriptor: Any) -> None:
         """The next call begins its agreement step with ``descriptor``."""
@@ -132,7 +120,7 @@ class Recorder:
         offset = time.time() - time.monotonic()
         calls = []
         for seq, descriptor, started in self.ring.copy():  # one step: another thread may append meanwhile
-            entry: Dict[str, Any] = dict(seq=seq, **_fields(descriptor))
+            entry: Dict[str, Any] = dict(seq=seq, **descriptor.fields())
             entry["started"] = started + offset
             failure = self.failures.get(seq)
             if failure is not None:
@@ -164,15 +152,6 @@ class Recorder:
             handle.write(text)
         os.replace(partial, path)  # a reader never sees half a dump
         return path
-
-
-def _fields(descriptor: Any) -> Dict[str, Any]:
-    """A descriptor's fields as JSON values (agreement.Descriptor.fields)."""
-    fields = dict(descriptor.fields())
-    for name in ("shape", "layout"):
-        if fields[name] is not None:
-            fields[name] = list(fields[name])
-    return fields
 
 
 def recorder_for(rank: int, size: int, backend: str) -> Optional[Recorder]:

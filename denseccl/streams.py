@@ -63,10 +63,8 @@ def stream_pointer(stream: Any) -> int:
 
 def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
     """The stream a device collective on ``buffer`` runs on: ``stream`` if given, else the
-    array's current stream (torch's for torch tensors, CuPy's for CuPy arrays; for other
-    ``__cuda_array_interface__`` objects the interface's ``stream`` entry if it names one,
-    else CuPy's current stream). Running there orders the collective after the kernels that
-    produced the data, with no host synchronisation."""
+    array's current stream (for a ``__cuda_array_interface__`` object, its ``stream`` entry if
+    it names one, else CuPy's current stream)."""
     library = "torch" if buffer.library == "torch" else "cupy"
     if stream is not None:
         return StreamRef(stream_pointer(stream), library, buffer.device)
@@ -86,10 +84,9 @@ def _torch_stream(pointer: int, device: int) -> Any:
 
 def record_stream(ref: Any, keep: Any) -> None:
     """Tell torch's caching allocator that the CUDA tensors among ``keep`` (a Buffer or a tuple
-    of them) are used by work on stream ``ref`` (a :class:`StreamRef`), as ProcessGroupNCCL
-    does for its stream: a tensor freed after ``Work.wait()`` (which orders only the caller's
-    current stream) is then not handed out again on its allocation stream before that work is
-    done. torch ignores it where ``ref`` is the allocation stream. Other libraries: nothing."""
+    of them) are used by work on stream ``ref``, as ProcessGroupNCCL does: a tensor freed after
+    ``Work.wait()`` (which orders only the caller's current stream) is then not handed out
+    again before that work is done. Other libraries: nothing."""
     if not isinstance(ref, StreamRef) or ref.library != "torch":
         return
     stream = _torch_stream(ref.pointer, ref.device)

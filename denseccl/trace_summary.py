@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .agreement import Descriptor
+from .agreement import Descriptor, differing_fields, rank_list
 from .recorder import FORMAT
 
 #: the differing calls a summary shows per communicator
@@ -47,10 +47,6 @@ def describe(call: Dict[str, Any]) -> str:
     return Descriptor(call["collective"], call.get("root"), call.get("op"), key).describe()  # type: ignore[arg-type]
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
-
-
 def summarize(dumps: Dict[int, Dict[str, Any]]) -> List[str]:
     """The summary lines of one communicator's dumps (rank -> dump)."""
     size = max(dump["size"] for dump in dumps.values())
@@ -58,7 +54,7 @@ def summarize(dumps: Dict[int, Dict[str, Any]]) -> List[str]:
     recorded = {rank: dump["recorded"] for rank, dump in dumps.items()}
     missing = [rank for rank in range(size) if rank not in dumps]
     lines = [
-        f"communicator {next(iter(dumps.values()))['communicator']}: {size} ranks, dumps from {_ranks(list(dumps))}",
+        f"communicator {next(iter(dumps.values()))['communicator']}: {size} ranks, dumps from {rank_list(list(dumps))}",
         "  calls recorded: " + ", ".join(f"rank {rank}: {recorded[rank]}" for rank in sorted(recorded)),
     ]
     lines += _behind(calls, recorded, missing)
@@ -82,14 +78,14 @@ def _behind(calls: Dict[int, Dict[int, Dict[str, Any]]], recorded: Dict[int, int
             made = [r for r in ahead if count in calls[r]]
             what = f" ({describe(calls[made[0]][count])})" if made else ""
             lines.append(
-                f"  behind: rank {rank} never made call #{count}{what}, which {_ranks(ahead)} made "
+                f"  behind: rank {rank} never made call #{count}{what}, which {rank_list(ahead)} made "
                 f"(its last call: #{count - 1})"
             )
     for rank in missing:
         waited = _last_calls(calls, ahead)
         lines.append(
             f"  behind: rank {rank} wrote no dump (stopped, killed, or stuck outside denseccl): "
-            f"{_ranks(list(calls))} {waited}"
+            f"{rank_list(list(calls))} {waited}"
         )
     late = _late(calls, ahead, furthest - 1)
     if late:
@@ -119,7 +115,7 @@ def _late(calls: Dict[int, Dict[int, Dict[str, Any]]], ahead: List[int], seq: in
         return None
     delay = max(calls[r][seq]["started"] for r in late) - first
     return (
-        f"  behind: {_ranks(late)} began call #{seq} ({describe(calls[late[0]][seq])}) only after rank {who} "
+        f"  behind: {rank_list(late)} began call #{seq} ({describe(calls[late[0]][seq])}) only after rank {who} "
         f"had given up on it ({delay:.1f} s later)"
     )
 
@@ -138,17 +134,12 @@ def _differences(calls: Dict[int, Dict[int, Dict[str, Any]]]) -> List[str]:
         return [f"  descriptors: every call the ranks' dumps share{span} is the same on every rank"]
     lines = []
     for seq, groups in differing[:SHOWN]:
-        fields = _fields_that_differ([calls[rank][seq] for rank in calls])
+        fields = differing_fields(calls[rank][seq] for rank in calls)
         lines.append(f"  descriptors differ at call #{seq} ({', '.join(fields)}):")
-        lines += [f"    {_ranks(ranks)}: {text}" for text, ranks in groups.items()]
+        lines += [f"    {rank_list(ranks)}: {text}" for text, ranks in groups.items()]
     if len(differing) > SHOWN:
         lines.append(f"  ... and {len(differing) - SHOWN} more calls whose descriptors differ")
     return lines
-
-
-def _fields_that_differ(entries: List[Dict[str, Any]]) -> List[str]:
-    names = ("collective", "root", "op", "dtype", "shape", "layout")
-    return [name for name in names if len({repr(entry.get(name)) for entry in entries}) > 1]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,21 +1,12 @@
-"""How a rank waits: the one wait loop and the process's crowded policy.
+"""How a rank waits: the one wait loop (:func:`wait_until`, with :func:`soon` for its first
+polls) and the process's crowded policy (:data:`WAITING`).
 
 Every wait in denseccl (a transfer, the agreement step, a bootstrap step, the torch adapter's
-progress thread) is :func:`wait_until`. Its shape depends on one fact of the host, recorded
-once in :data:`WAITING` by the backend's bootstrap (the MPI backend detects placement from
-affinity masks and cgroup quotas, backends/mpi/cores.py):
-
-- uncrowded (every rank has a core of its own): poll :data:`config.SPINS` times, then yield
-  the core after each poll, then sleep briefly; a peer on another core answers within
-  microseconds and a context switch would cost more than it saves;
-- crowded (the host's ranks share cores): polling only keeps the peer that must run off the
-  core, so a wait gives the core up from its first turn on, after a short burst of polls
-  (:data:`config.CROWDED_BURST`); it yields, and after :data:`config.CROWDED_YIELDS` yields
-  sleeps on its doorbell where the host has them (backends/mpi/doorbell.py), so that a
-  stalled peer does not keep the core busy.
-
-``DENSECCL_WAIT`` overrides the detection: ``spin`` waits as if uncrowded, ``yield`` as if
-crowded but never sleeping. The tuning constants live in config.py.
+progress thread) is :func:`wait_until`. Its shape depends on one fact of the host, recorded in
+:data:`WAITING` by the backend's bootstrap (backends/mpi/cores.py): whether the host's ranks
+share cores. Uncrowded, a wait polls before it gives the core up, as a peer on another core
+answers within microseconds; crowded, polling only keeps the peer that must run off the core.
+``DENSECCL_WAIT`` overrides the detection; the tuning constants live in config.py.
 """
 
 from __future__ import annotations
@@ -50,11 +41,8 @@ class Waiting:
         rank of the host. ``doorbells``: the host's (the largest set wins)."""
         policy = config.settings().wait
         self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        if (
-            policy == "auto"
-            and doorbells is not None
-            and (self.doorbells is None or doorbells.size >= self.doorbells.size)
-        ):
+        larger = doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size)
+        if policy == "auto" and larger:
             if self.doorbells is not None:
                 self.doorbells.retire()
             self.doorbells = doorbells

@@ -1,14 +1,9 @@
 """The backends: what moves the bytes, and the small host channel the ranks agree on.
 
-The core (communicator.py, flow.py, calls.py, agreement.py, wait.py) knows layouts and the
-order of a call's steps; it knows no library. A backend knows one library and no layouts.
-Between them stands the interface of :mod:`.base`: a ``Transport`` maps (pointer, count,
-dtype, op, root, stream) to one library call and returns a ``Pending``; ``Transport.prepare``
-binds a repeated in-place call once (a ``Start``); a ``ControlChannel`` carries the agreement
-step and the news that a peer gave up.
-
-Each backend is a package holding its init (how the ranks of a launch meet and what the
-library needs), its transport and its control channel:
+The core (communicator.py, flow.py, agreement.py, wait.py) knows layouts and the order of a
+call's steps but no library; a backend knows one library and no layouts. Between them stands
+the interface of :mod:`.base`. Each backend is a package holding its init (how the ranks of a
+launch meet and what the library needs), its transport and its control channel:
 
 - :mod:`.mpi`: mpi4py on host memory, the default under an MPI launcher; its control channel
   uses a shared-memory board where every rank shares the host, and it detects whether the

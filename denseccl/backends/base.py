@@ -2,16 +2,13 @@
 
 A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
 nothing about layouts: pointers are the starts of storage spans, counts are element counts
-(per rank for allgather and reduce-scatter). ``send == recv`` means in place.
-
-Why this interface: the core (validation, the agreement, the engine's steps, the waits) is
-written once, and each library is reached through the same few methods, so that a backend is
-only its library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
-:class:`Start`), and a backend whose repeated calls need the ranks to decide something
-together (MPI's persistent requests) does it in :attr:`Start.step`, the agreement step it is
-handed, without the core knowing what it carries. A :class:`ControlChannel` is the small host
-channel the agreement and the "a peer gave up" news travel on; :func:`abandon` keeps whatever
-a transfer that cannot be cancelled may still touch.
+(per rank for allgather and reduce-scatter). ``send == recv`` means in place. So the core
+(validation, the agreement, the engine, the waits) is written once, and a backend is only its
+library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
+:class:`Start`); a backend whose repeated calls the ranks must decide together (MPI's
+persistent requests) does so in :attr:`Start.step`, the agreement step it is handed. A
+:class:`ControlChannel` carries the agreement and the "a peer gave up" news; :func:`abandon`
+keeps whatever a transfer that cannot be cancelled may still touch.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ from ..wait import wait_until
 class Pending(ABC):
     """A started operation."""
 
-    #: True where :meth:`wait` sleeps inside the library until completion (gloo's
-    #: ``Work.wait``): a waiter then blocks there instead of polling :meth:`test`, leaving the
-    #: cores to the library's own threads, which move the data
+    #: True where :meth:`wait` sleeps inside the library (gloo's ``Work.wait``): a waiter blocks
+    #: there instead of polling :meth:`test`, leaving the cores to the library's threads
     blocks = False
 
     @abstractmethod
@@ -41,14 +37,13 @@ class Pending(ABC):
         """True once the operation has completed (never blocks)."""
 
     def wait(self, deadline: Optional[float]) -> None:
-        """Block until completion; :class:`CollectiveTimeoutError` past ``deadline``
-        (a ``time.monotonic()`` value; ``None`` waits forever). By default: poll :meth:`test`."""
+        """Block until completion (by default: poll :meth:`test`); :class:`CollectiveTimeoutError`
+        past ``deadline``, a ``time.monotonic()`` value (None: never)."""
         wait_until(self.test, deadline, "the collective")
 
     def synchronize(self, deadline: Optional[float]) -> None:
-        """Block the host until the operation has completed. For host transports this is
-        :meth:`wait`; device transports, whose ``wait`` only orders the caller's current
-        stream after the operation, block the host here."""
+        """Block the host until the operation has completed: :meth:`wait`, except on device
+        transports, whose ``wait`` only orders the caller's current stream after it."""
         self.wait(deadline)
 
 
@@ -75,9 +70,8 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_ABANDONED))
 
 
 def abandon(*things: Any, _kept: List[Any] = _ABANDONED) -> None:
-    """Keep ``things`` (requests, buffers) alive for the rest of the process: past the
-    interpreter's teardown too (``_kept`` is bound here, so this works while modules are
-    being cleared)."""
+    """Keep ``things`` (requests, buffers) alive for the rest of the process, past the
+    interpreter's teardown too (``_kept`` is bound here: it works while modules are cleared)."""
     _kept.append(things)
 
 
@@ -101,11 +95,9 @@ Step = Callable[["ControlChannel", int, bool, Optional[float], int], Any]
 class Start:
     """A transport's in-place call of one geometry with all but the address bound
     (:meth:`Transport.prepare`). ``start(address)`` starts it on the span at ``address`` and
-    returns its test (true once complete, never blocks). ``step``, where not None, is the
-    agreement step to take instead of the channel's own ``all_equal``: a transport whose
-    repeated calls the ranks must pair (MPI's persistent requests) decides that in the step it
-    is given the address for. ``lost(address)``: the transfer at ``address`` was abandoned
-    (a timeout): nothing it holds may be started again."""
+    returns its test. ``step``, where not None, is the agreement step to take instead of the
+    channel's ``all_equal`` (MPI pairs its persistent requests there). ``lost(address)``: the
+    transfer at ``address`` was abandoned (a timeout): nothing it holds may be started again."""
 
     __slots__ = ("start", "step", "lost")
 
@@ -154,18 +146,16 @@ class Transport(ABC):
     def barrier(self) -> Pending: ...
 
     def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
-        """``allreduce`` for a caller that waits for the returned :class:`Pending` at once, before
-        any other call on this transport. A transport may then run it as several library calls,
-        each issued inside that wait once the one before has completed (program order)."""
+        """``allreduce`` for a caller that waits for it at once, before any other call on this
+        transport: it may run as several library calls, each issued inside that wait."""
         return self.allreduce(send, recv, count, dtype, op, stream)
 
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional["Start"]:
         """The in-place, synchronous ``collective`` ("allreduce", "reduce" or "broadcast") on
-        ``count`` elements, bound once for every call of that geometry (the engine caches it
-        with the call): a :class:`Start`, or None where such calls should run the general
-        method each time. By default the method of that name, with ``send == recv``."""
+        ``count`` elements, bound once for every call of that geometry: a :class:`Start`, or
+        None where such calls run the general method each time. By default that method in place."""
         if collective == "allreduce":
             return Start(lambda a: self.allreduce_now(a, a, count, dtype, op).test)  # type: ignore[arg-type]
         if collective == "reduce":
@@ -193,8 +183,7 @@ class Transport(ABC):
 
     def retire(self) -> None:
         """Close while a transfer started here may still be running (a Work in flight or
-        abandoned): release only what that transfer cannot touch. By default :meth:`close`; a
-        library that may not free a communicator under a running operation keeps it."""
+        abandoned): release only what that transfer cannot touch (by default :meth:`close`)."""
         self.close()
 
 
@@ -232,8 +221,7 @@ class ControlChannel(ABC):
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> int:
         """The agreement step: true on every rank when every rank passed the same ``value`` (a
-        signed 64-bit integer) and none passed ``invalid``; false on every rank otherwise (a
-        channel may answer more than a bool: the MPI backend's carry a tag, board.py)."""
+        signed 64-bit integer) and none passed ``invalid``, else false (or more: board.py)."""
         highest, negated_lowest, any_invalid = self.allreduce_max([value, -value, int(invalid)], deadline)
         return highest == -negated_lowest and not any_invalid
 
@@ -247,13 +235,11 @@ class ControlChannel(ABC):
         call must fail instead of pairing with it. Local, never blocks, never raises."""
 
     def peer_gave_up(self) -> Optional[int]:
-        """The rank of a peer that gave up (:meth:`give_up`), or None. Cheap: called once per
-        collective and on every poll of a long wait."""
+        """The rank of a peer that gave up (:meth:`give_up`), or None; cheap (polled in waits)."""
         return None
 
     def gave_up_flag(self) -> Flag:
-        """A flag whose ``[0]`` is nonzero once a peer gave up, read after every call (a shared
-        word on a board: no call at all)."""
+        """A flag whose ``[0]`` is nonzero once a peer gave up, read after every call."""
         return GaveUpFlag(self.peer_gave_up)
 
     def abort(self, message: str) -> NoReturn:

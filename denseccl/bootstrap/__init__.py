@@ -1,18 +1,8 @@
-"""Who am I: build a Communicator from the environment (mpiexec/mpirun, torchrun), or from
-explicit arguments.
-
-Launches, for host arrays: an MPI launcher (mpiexec, mpirun, srun with PMI) gives the MPI
-transport (backends/mpi); a torchrun-style environment (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT``) without one gives the gloo backend (backends/gloo) over a
-``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``, where torch is installed; ``store=`` with
-``rank=`` and ``size=`` gives the gloo backend on that store. For device arrays:
-NCCL (backends/nccl). How ranks meet without MPI is backends/rendezvous.py. Every step of the
-bootstrap honours ``timeout``: a peer that never calls ``init`` makes it raise
+"""Who am I: :func:`init` chooses a backend (an argument, ``DENSECCL_BACKEND``, or the launch:
+mpiexec gives MPI, a torchrun-style environment or a ``store`` gives gloo, a GPU with NCCL gives
+NCCL) and hands the rest to that backend's init (backends/mpi, backends/gloo, backends/nccl).
+Every step of the bootstrap honours ``timeout``: a peer that never calls ``init`` makes it raise
 :class:`CollectiveTimeoutError` on the others.
-
-Policy knobs, each with an environment twin: ``backend`` (``DENSECCL_BACKEND``), ``check``
-(``DENSECCL_CHECK=always|off``), ``timeout`` in seconds (``DENSECCL_TIMEOUT``; 0 waits forever),
-``on_timeout`` (``DENSECCL_ON_TIMEOUT=raise|abort``).
 """
 
 from __future__ import annotations
@@ -36,10 +26,6 @@ OPTIONS = {
     "gloo": ("store", "rank", "size", "prefix"),
     "nccl": ("store", "rank", "size", "device", "prefix"),
 }
-
-
-def _check_policy(check: Union[None, bool, str]) -> bool:
-    return config.settings().check if check is None else config.flag(check, "check")
 
 
 def init(
@@ -73,7 +59,7 @@ def init(
     deadline = deadline_after(seconds)  # one deadline for every bootstrap step, choosing the backend included
     given = backend
     backend = (backend or config.settings().backend or _default_backend(options)).lower()
-    checking = _check_policy(check)
+    checking = config.settings().check if check is None else config.flag(check, "check")
     _log_decisions(given, backend, check, checking, seconds)
     if backend not in OPTIONS:
         raise DenseCCLError(f"unknown backend {backend!r}: use 'mpi' or 'gloo' (host arrays) or 'nccl' (device arrays)")
