@@ -31,11 +31,12 @@ the process ends.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from ... import config
 from ...errors import peer_gave_up_error
 from . import cores
+from .doorbell import RETIRED, shared_window
 from ...wait import WAITING, wait_until
 
 #: answers of the MPI backend's agreement step (``all_equal`` with a tag): falsy only when the
@@ -57,8 +58,6 @@ def answer(agreed: bool, same_tags: bool) -> int:
 LINE = 8
 #: the turns of a crowded wait for a peer's post before the full wait
 TURNS = range(config.CROWDED_TURNS)
-#: closed boards' windows: ``Win.Free`` is collective, so they live until the process ends
-_RETIRED: List[Any] = []
 
 
 def usable_here() -> bool:
@@ -121,12 +120,10 @@ class Board:
         try:
             if not comm.allreduce(node.Get_size() == size and usable_here(), op=MPI.LAND):
                 return None
-            window = _allocate(MPI, node, page_bytes(size))
+            window = shared_window(node, page_bytes(size), 8)
         finally:
             node.Free()  # the window keeps what it needs of it
-        if not comm.allreduce(window is not None, op=MPI.LAND):
-            if window is not None:
-                _RETIRED.append(window)
+        if window is None:
             return None
         memory, _ = window.Shared_query(0)
         board = cls(memory, rank, size, crowded, window.Sync, window)
@@ -145,10 +142,8 @@ class Board:
         words[mine + 3] = tag
         self._sync()  # the values before the sequence number
         words[mine] = sequence  # a peer that sees it sees the values too
-        if self.crowded:  # a peer may sleep waiting for this sequence number (Waiting.ring)
-            bells = WAITING.doorbells
-            if bells is not None:
-                bells.ring()
+        if self.crowded:  # a peer may sleep waiting for this sequence number
+            WAITING.ring()
         for line in peers:
             if words[line] != sequence:
                 if self.crowded:  # the peer that must post shares this core: let it run, a few times
@@ -214,43 +209,19 @@ class Board:
             window.Unlock_all()
         except Exception:  # noqa: BLE001 - MPI already finalized: nothing left to release
             pass
-        _RETIRED.append(window)
+        RETIRED.append(window)
 
     def retire(self) -> None:
         """Stop using the page while a wait may still read the flag (a Work in flight when its
         communicator closed): the views stay readable, and the window stays, as after close."""
         window, self._window = self._window, None
         if window is not None:
-            _RETIRED.append(window)
+            RETIRED.append(window)
 
 
 def page_bytes(size: int) -> int:
     """Bytes of the page: two lines per rank, then the flag's line."""
     return (2 * size + 1) * LINE * 8
-
-
-def _allocate(MPI: Any, node: Any, nbytes: int) -> Any:
-    """The shared window: all of it on the node's first rank, zeroed before anyone reads it,
-    in a passive-target epoch that lasts until the board closes (what ``Win.Sync`` needs);
-    None where the MPI library cannot make one in the unified memory model (collective: the
-    model is the window's, the same on every rank)."""
-    try:
-        window = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 8, comm=node)
-    except MPI.Exception:
-        return None
-    if window.model != MPI.WIN_UNIFIED:  # loads and stores would not see the window's public copy
-        _RETIRED.append(window)
-        return None
-    window.Lock_all(MPI.MODE_NOCHECK)
-    if node.Get_rank() == 0:
-        memory, _ = window.Shared_query(0)
-        view = memoryview(memory).cast("B")
-        view[:nbytes] = bytes(nbytes)
-        view.release()
-    window.Sync()
-    node.Barrier()
-    window.Sync()
-    return window
 
 
 def _no_barrier() -> None:

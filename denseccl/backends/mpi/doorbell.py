@@ -42,8 +42,9 @@ FUTEX_SYSCALL = {
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not the _PRIVATE variants
 #: 32-bit words per rank, one cache line: (rings, asleep)
 WORDS = 16
-#: doorbells replaced by a larger host's: their windows live until the process ends
-_RETIRED: List[Any] = []
+#: windows given up (doorbells replaced by a larger host's, closed boards): ``Win.Free`` is
+#: collective, so they live until the process ends
+RETIRED: List[Any] = []
 
 
 class _Timespec(ctypes.Structure):
@@ -100,26 +101,12 @@ class Doorbells:
 
         futex = futex_call()
         size = node.Get_size()
-        window = None
-        if node.allreduce(futex is not None, op=MPI.LAND):
-            try:
-                window = MPI.Win.Allocate_shared(size * WORDS * 4 if node.Get_rank() == 0 else 0, 4, comm=node)
-            except MPI.Exception:
-                window = None
-        if not node.allreduce(window is not None and window.model == MPI.WIN_UNIFIED, op=MPI.LAND):
-            if window is not None:
-                _RETIRED.append(window)
+        if not node.allreduce(futex is not None, op=MPI.LAND):
             return None
-        assert window is not None  # every rank has one: the allreduce above said so
-        window.Lock_all(MPI.MODE_NOCHECK)  # the epoch Win.Sync needs, for the window's life
+        window = shared_window(node, size * WORDS * 4, 4)
+        if window is None:
+            return None
         memory, _ = window.Shared_query(0)
-        if node.Get_rank() == 0:
-            zero = memoryview(memory).cast("B")  # type: ignore[arg-type]
-            zero[: size * WORDS * 4] = bytes(size * WORDS * 4)
-            zero.release()
-        window.Sync()
-        node.Barrier()
-        window.Sync()
         return cls(memory, memory.address, node.Get_rank(), size, futex, window.Sync, window)  # type: ignore[arg-type]
 
     def ring(self) -> None:
@@ -152,5 +139,33 @@ class Doorbells:
     def retire(self) -> None:
         """Stop using these doorbells (local; ``Win.Free`` would wait for every rank)."""
         if self._window is not None:
-            _RETIRED.append(self._window)
+            RETIRED.append(self._window)
             self._window = None
+
+
+def shared_window(node: Any, nbytes: int, unit: int) -> Any:
+    """An MPI shared window of ``nbytes`` (in units of ``unit`` bytes), all of it on the first
+    rank of ``node`` (an mpi4py communicator of one host), zeroed before anyone reads it, in a
+    passive-target epoch that lasts the window's life (what ``Win.Sync`` needs). None on every
+    rank where the MPI library cannot make one in the unified memory model (loads and stores
+    would not see the window's public copy). Collective over ``node``."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    try:
+        window: Any = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, unit, comm=node)
+    except MPI.Exception:
+        window = None
+    if not node.allreduce(window is not None and window.model == MPI.WIN_UNIFIED, op=MPI.LAND):
+        if window is not None:
+            RETIRED.append(window)
+        return None
+    window.Lock_all(MPI.MODE_NOCHECK)
+    if node.Get_rank() == 0:
+        memory, _ = window.Shared_query(0)
+        view = memoryview(memory).cast("B")
+        view[:nbytes] = bytes(nbytes)
+        view.release()
+    window.Sync()
+    node.Barrier()
+    window.Sync()
+    return window
