@@ -1,31 +1,19 @@
 """The arrival board: the agreement step through shared memory when all ranks share a host.
 
-The agreement asks one question per collective: does every rank hold this digest, and is no
-rank's input invalid? Over MPI that is a tiny allreduce, whose setup in the MPI library costs
-about as much as the 4 KiB collective it guards. When every rank runs on one host, the ranks
-answer it through a shared page instead: each rank writes ``(digest, invalid, tag)`` and then the
-call's sequence number into its own cache line, and reads its peers' lines once their sequence
-number has arrived.
+Why: over MPI the agreement is a tiny allreduce whose setup costs about as much as the 4 KiB
+collective it guards. On one host the ranks answer it through a shared page instead: each rank
+writes ``(digest, invalid, tag)`` and then the call's sequence number into its own cache line,
+and reads a peer's line once its sequence number has arrived. A last line holds a flag: the
+rank (plus one) that gave up on a call (a timeout). That rank also retracts its entries, so
+that no late peer agrees with an entry of the abandoned call, and a waiting peer fails at once.
 
-A last line holds a flag: the rank (plus one) that gave up on a call (a timeout). That rank
-also retracts its entries, so that no late peer agrees with an entry of the abandoned call,
-and a peer waiting on the board, or checking after its transfer, fails at once.
-
-Two sets of lines, used by alternate calls, make that safe without a second handshake: a rank
-rewrites a line for call ``k + 2`` only after it has seen every peer arrive at call ``k + 1``,
-and a peer arrives there only after it has read everything of call ``k``.
-
-The page is an MPI shared-memory window (``MPI.Win.Allocate_shared`` on the ranks' node
-communicator): the MPI library allocates and maps it, so no file of ours exists at any time,
-and nothing is left behind when a job is killed. Ordering follows MPI's unified memory model,
-as mpi4py's ``util/sync.py`` does: a passive-target epoch open for the board's life
-(``Lock_all``), and ``Win.Sync`` (a memory barrier) between writing the values and publishing
-the sequence number, and between seeing every peer's sequence number and reading their
-values. No processor's store order is assumed.
-
-Closing is local: ``Win.Free`` waits for every rank of the window, and a rank must be able to
-close while a peer is gone, so a closed board's window stays allocated (a few kilobytes) until
-the process ends.
+Two sets of lines serve alternate calls: a rank rewrites a line for call ``k + 2`` only after
+every peer arrived at call ``k + 1``, hence has read everything of call ``k``. The page is an
+MPI shared window (no file of ours exists, nothing is left behind when a job is killed),
+ordered by MPI's unified memory model as mpi4py's ``util/sync.py`` does: ``Win.Sync`` between
+writing the values and publishing the sequence number, and between seeing every peer's number
+and reading their values; no processor's store order is assumed. Closing is local
+(``Win.Free`` waits for every rank), so a closed board's window stays until the process ends.
 """
 
 from __future__ import annotations
@@ -35,7 +23,6 @@ from typing import Any, Callable, Optional
 
 from ... import config
 from ...errors import peer_gave_up_error
-from . import cores
 from .doorbell import RETIRED, shared_window
 from ...wait import WAITING, wait_until
 
@@ -103,19 +90,13 @@ class Board:
         )
 
     @classmethod
-    def open(cls, comm: Any, crowded: Optional[bool] = None) -> Optional["Board"]:
+    def open(cls, comm: Any, crowded: bool) -> Optional["Board"]:
         """A board for the mpi4py communicator ``comm`` (collective over ``comm``), or None where
         its ranks do not all share this host's memory or boards are off. ``crowded``: whether
-        the host's ranks share cores (a split passes its parent's; by default judged here
-        from every rank of this host, cores.py). Either way the process's waits follow it
-        (``wait.WAITING``)."""
+        the host's ranks share cores (cores.py, recorded in ``wait.WAITING`` when judged)."""
         from mpi4py import MPI  # noqa: PLC0415 - the board is built on an MPI communicator
 
         rank, size = comm.Get_rank(), comm.Get_size()
-        if crowded is None:
-            crowded = cores.host_crowded(comm)
-        else:
-            WAITING.note(crowded)
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         try:
             if not comm.allreduce(node.Get_size() == size and usable_here(), op=MPI.LAND):

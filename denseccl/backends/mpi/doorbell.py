@@ -1,19 +1,14 @@
 """Doorbells: how ranks that share cores wait for each other without polling.
 
-When a host's ranks cannot each have a core of their own (cores.py), a rank that polls while
-it waits burns the time its peer needs. A crowded wait first yields the core after each short
-burst of polls (wait.wait_until): the peer that shares the core runs at once, and a small
-call completes within a few turns. A wait that lasts longer (a slow or stalled peer) must not
-keep the core busy with yields, so it raises its ``asleep`` flag, tests once more, and sleeps
-on its doorbell (a futex in an MPI shared window, with a short timeout); a rank rings the
-doorbells of sleeping peers before the first sleep of a wait, after it posts an agreement and
-when one of its waits ends: whatever a peer waits for was made by one of those steps. A wake-up that is
-missed costs at most the nap (:data:`config.NAP_SECONDS`), never a hang: every sleep times out and
-tests again.
-
-Linux futexes through ``syscall(2)``, on the processors listed in :data:`FUTEX_SYSCALL`;
-elsewhere (and where the MPI library cannot make a shared window) there are no doorbells and
-crowded waits yield instead.
+Why: on a crowded host (cores.py) a rank that polls burns the time its peer needs. A crowded
+wait yields after each short burst of polls (wait.wait_until), so a small call completes within
+a few turns; a longer wait (a slow or stalled peer) must not keep the core busy with yields, so
+it raises its ``asleep`` flag, tests once more, and sleeps on its doorbell (a futex in an MPI
+shared window, with a short timeout). A rank rings sleeping peers before the first sleep of a
+wait, after it posts an agreement and when one of its waits ends: whatever a peer waits for was
+made by one of those steps. A missed wake-up costs at most :data:`config.NAP_SECONDS`, never a
+hang. Linux futexes through ``syscall(2)`` on the processors of :data:`FUTEX_SYSCALL`; elsewhere
+(and where the MPI library cannot make a shared window) crowded waits yield instead.
 """
 
 from __future__ import annotations
