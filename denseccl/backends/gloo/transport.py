@@ -110,13 +110,10 @@ class GlooPending(Pending):
     def test(self) -> bool:
         if self.polled and not self.work.is_completed():
             return False
-        self._done(None)
+        self.wait(None)
         return True
 
     def wait(self, deadline: Optional[float]) -> None:
-        self._done(deadline)
-
-    def _done(self, deadline: Optional[float]) -> None:
         wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
         finish, self.finish, self.keep = self.finish, None, None
         if finish is not None:
@@ -156,10 +153,11 @@ class _GlooGroup:
         self._store, self._prefix, self._timeout = store, prefix, timeout
         self._splits = 0  # how many splits this rank has made of the group (they name the sub-groups)
 
-    def _split(self: _Group, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[_Group]:
+    def split(self: _Group, color: Optional[int], key: int, deadline: Optional[float] = None) -> Optional[_Group]:
         """One of the same class over the ranks passing ``color`` (None for a rank that passes
         None), ordered by ``(key, rank)`` as MPI and NCCL order them; the n-th split gets the
-        same store prefix on every rank."""
+        same store prefix on every rank. ``deadline`` bounds the exchange of colours (the
+        transport's split has none: gloo's own limit)."""
         index = self._splits
         self._splits += 1
         mine = torch.tensor([-1 if color is None else color, key], dtype=torch.int64)
@@ -288,9 +286,6 @@ class GlooTransport(_GlooGroup, Transport):
     ) -> Optional[Start]:
         return None  # gloo's wait blocks in the library (GlooPending.blocks): the general path each time
 
-    def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
-        return self._split(color, key, None)
-
     def close(self) -> None:
         self._spares.clear()
         super().close()
@@ -320,9 +315,6 @@ class GlooControl(_GlooGroup, ControlChannel):
         wait_work(self.group._allgather_base(gathered, padded, c10d.AllgatherOptions()), deadline, "the agreement step")
         raw = gathered.numpy().tobytes()
         return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
-
-    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["GlooControl"]:
-        return self._split(color, key, deadline)
 
 
 def open_gloo(

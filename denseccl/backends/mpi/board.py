@@ -18,6 +18,7 @@ and reading their values; no processor's store order is assumed. Closing is loca
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Callable, Optional
 
@@ -32,13 +33,6 @@ from ...wait import WAITING, wait_until
 DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
 #: the tag of a call that holds no persistent request and may not set one up (the general path)
 UNPLANNED = -1
-
-
-def answer(agreed: bool, same_tags: bool) -> int:
-    """The agreement step's answer from its two facts."""
-    if not agreed:
-        return DIFFERENT
-    return SAME if same_tags else MIXED_TAGS
 
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, tag, padding)
@@ -186,10 +180,8 @@ class Board:
         window, self._window = self._window, None
         if window is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # MPI already finalized: nothing left to release
             window.Unlock_all()
-        except Exception:  # noqa: BLE001 - MPI already finalized: nothing left to release
-            pass
         RETIRED.append(window)
 
     def retire(self) -> None:

@@ -84,7 +84,16 @@ def in_place(
     a persistent request instead, held in ``requests`` under ``(geometry, address)``. ``solo``:
     no peers, so no step either: every call may use its request. Closures over locals: this
     runs on every repeated call."""
-    message = message_at(count, mpi_type)
+    nbytes = count * mpi_type.Get_size()
+    fromaddress = MPI.buffer.fromaddress
+    last = [0, [fromaddress(0, 0), 0, mpi_type]]
+
+    def message(address: int) -> list:
+        """The message at ``address``, reusing the last one's: a loop over one array builds it once."""
+        if address != last[0]:
+            last[0], last[1] = address, [fromaddress(address, nbytes), count, mpi_type]
+        return last[1]  # type: ignore[return-value]
+
     entries, create, drop = requests.entries, requests.create, requests.drop
     kind = requests.number(geometry)  # an int: keys are hashed on every call
     #: what the last step decided: the address at which every rank starts its request (0: none),
@@ -130,19 +139,4 @@ def in_place(
     return Start(start, step if init is not None else None, lost)
 
 
-def message_at(count: int, mpi_type: Any) -> Callable[[int], list]:
-    """``address -> message`` for ``count`` elements of ``mpi_type``, reusing the message of
-    the last address: a loop over one array builds it once."""
-    nbytes = count * mpi_type.Get_size()
-    fromaddress = MPI.buffer.fromaddress
-    last = [0, [fromaddress(0, 0), 0, mpi_type]]
-
-    def message(address: int) -> list:
-        if address != last[0]:
-            last[0], last[1] = address, [fromaddress(address, nbytes), count, mpi_type]
-        return last[1]  # type: ignore[return-value]
-
-    return message
-
-
-__all__ = ["Requests", "in_place", "message_at"]
+__all__ = ["Requests", "in_place"]

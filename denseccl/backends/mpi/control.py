@@ -25,7 +25,7 @@ from ...errors import CommunicatorBrokenError, peer_gave_up_error
 from . import cores
 from ...wait import wait_until
 from ..base import ControlChannel, Flag, abandon
-from .board import UNPLANNED, Board, answer
+from .board import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, Board
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
@@ -74,7 +74,9 @@ class MPIControl(ControlChannel):
                 f"the agreement paired call {sequence} of this rank with calls {-negated_earliest}..{latest} of its "
                 "peers: a rank skipped or abandoned a call; this communicator is unusable"
             )
-        return answer(highest == value and negated_lowest == -value and not any_invalid, top_tag == -negated_bottom_tag)
+        if highest != value or negated_lowest != -value or any_invalid:
+            return DIFFERENT
+        return SAME if top_tag == -negated_bottom_tag else MIXED_TAGS
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = np.array(values, np.int64)

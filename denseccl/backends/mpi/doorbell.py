@@ -20,19 +20,13 @@ from typing import Any, Callable, List, Optional
 
 from ... import config
 
-#: the futex system call's number per processor (Linux)
+#: the futex system call's number per processor (Linux), by the names ``platform.machine()`` gives
 FUTEX_SYSCALL = {
-    "x86_64": 202,
-    "amd64": 202,
-    "aarch64": 98,
-    "arm64": 98,
-    "riscv64": 98,
-    "ppc64le": 221,
-    "ppc64": 221,
+    **dict.fromkeys(("x86_64", "amd64"), 202),
+    **dict.fromkeys(("aarch64", "arm64", "riscv64"), 98),
+    **dict.fromkeys(("ppc64le", "ppc64"), 221),
     "s390x": 238,
-    "i686": 240,
-    "i386": 240,
-    "armv7l": 240,
+    **dict.fromkeys(("i686", "i386", "armv7l"), 240),
 }
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not the _PRIVATE variants
 #: 32-bit words per rank, one cache line: (rings, asleep)

@@ -33,14 +33,7 @@ from .control import MPIControl, free_comm, open_control, retire_comm, split_com
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,
-    "int8": MPI.INT8_T,
-    "uint8": MPI.UINT8_T,
-    "int16": MPI.INT16_T,
-    "uint16": MPI.UINT16_T,
-    "int32": MPI.INT32_T,
-    "uint32": MPI.UINT32_T,
-    "int64": MPI.INT64_T,
-    "uint64": MPI.UINT64_T,
+    **{f"{u}int{bits}": getattr(MPI, f"{u.upper()}INT{bits}_T") for u in ("", "u") for bits in (8, 16, 32, 64)},
     "float16": MPI.UINT16_T,  # carried as bits; reduced by our own user ops
     "bfloat16": MPI.UINT16_T,
     "float32": MPI.FLOAT,
