@@ -1,17 +1,12 @@
-"""The gloo backend's init: ranks that meet on a torch key-value store (``store=``, or the
-env:// store of a torchrun-style launch) become a Communicator.
+"""The gloo backend's init: ranks that meet on a torch key-value store become a Communicator.
 
-Why it exists: a launch without MPI (torchrun, ``torch.multiprocessing.spawn``, env://) has no
-communicator to start from, only a store every rank can reach. This module finds the rank and
-world size (arguments first, then ``RANK`` / ``WORLD_SIZE``), the store (the argument, or the
-one env:// store of the process, backends/rendezvous.py), and a namespace on it of this
-communicator's own, so that several communicators, or a torch process group, can share one
-store. It then makes the two gloo groups (backends/gloo/transport.py: data and agreement),
-whose creation is bounded by the bootstrap's deadline: a peer that never calls ``init`` makes
-the others raise CollectiveTimeoutError.
-
-torch is imported only when this runs, and a missing torch gets a DenseCCLError that says what
-to install or how to launch for the MPI backend instead.
+Why: a launch without MPI (torchrun, ``torch.multiprocessing.spawn``, env://) has no
+communicator to start from, only a store every rank can reach (``store=``, or the env:// store
+of the process, backends/rendezvous.py). This finds the rank and size (arguments first, then
+``RANK`` / ``WORLD_SIZE``), the store, and a namespace on it of this communicator's own, so
+that several communicators, or a torch process group, can share one store; then it makes the
+two gloo groups, bounded by the bootstrap's deadline. A missing torch is a DenseCCLError that
+says what to install.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
-"""The gloo engine: torch's gloo moves host spans where no MPI launcher started the job
-(torchrun, ``torch.multiprocessing.spawn``, env://, file://, tcp://).
+"""The gloo transport and control channel: torch's gloo moves host spans.
 
-gloo is correct on flat contiguous 1-D tensors, and a span is exactly that: each method views
-the span at ``pointer`` as a 1-D tensor (no copy) and makes one gloo call on it. denseccl keeps
-everything else: the layout rule, the agreement before data moves, the errors. What gloo lacks
-is supplied around the call, as the MPI transport does: ``avg`` as a sum then a division,
-``PreMulSum`` as a scaling first, an out-of-place allreduce as a copy into ``recv`` (gloo
-reduces in place), a reduce on a non-root rank through a temporary (gloo uses the input as
-scratch there, and denseccl promises to only read it), dtypes gloo cannot move (int16, the
-unsigned ints above 8 bits, fp8) as bytes. Reductions of those dtypes are refused.
+Each method views the span at ``pointer`` as a 1-D tensor (no copy) and makes one gloo call on
+it. What gloo lacks is supplied around the call, as the MPI transport does: ``avg`` as a sum
+then a division, ``PreMulSum`` as a scaling first, an out-of-place allreduce as a copy into
+``recv`` (gloo reduces in place), a reduce on a non-root rank through a temporary (gloo uses the
+input as scratch there, and denseccl promises to only read it), dtypes gloo cannot move (int16,
+the unsigned ints above 8 bits, fp8) as bytes. Reductions of those dtypes are refused.
 
 The agreement step runs on a second gloo group of the same ranks (:class:`GlooControl`), so
-that it never queues behind a large transfer. Both groups are made from one key-value store
-(torch's ``TCPStore`` / ``FileStore`` / ``PrefixStore``); a peer that never joins makes their
-creation raise :class:`CollectiveTimeoutError` within the timeout.
+that it never queues behind a large transfer. Both groups are made from one key-value store; a
+peer that never joins makes their creation raise :class:`CollectiveTimeoutError` in time.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from torch.distributed import PrefixStore, ProcessGroupGloo
 from ...dtypes import DType
 from ...errors import ArgumentError, CollectiveTimeoutError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from ...wait import deadline_after
 from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
@@ -115,13 +110,10 @@ class GlooPending(Pending):
     def test(self) -> bool:
         if self.polled and not self.work.is_completed():
             return False
-        self._done(None)
+        self.wait(None)
         return True
 
     def wait(self, deadline: Optional[float]) -> None:
-        self._done(deadline)
-
-    def _done(self, deadline: Optional[float]) -> None:
         wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
         finish, self.finish, self.keep = self.finish, None, None
         if finish is not None:
@@ -154,29 +146,26 @@ class _GlooGroup:
     """What the transport and the control channel have alike: a gloo group of their own, made on
     ``store`` under ``prefix`` with ``timeout``, and how it splits."""
 
-    group: Any
-    rank: int
-    size: int
-    _store: Any
-    _prefix: str
-    _timeout: Optional[float]
-    _splits: int  # how many splits this rank has made of the group (they name the sub-groups)
-
     def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
-        self.group = group
-        self.rank = group.rank()
-        self.size = group.size()
+        self.group: Any = group
+        self.rank: int = group.rank()
+        self.size: int = group.size()
         self._store, self._prefix, self._timeout = store, prefix, timeout
-        self._splits = 0
+        self._splits = 0  # how many splits this rank has made of the group (they name the sub-groups)
 
-    def _split(self: _Group, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[_Group]:
+    def split(self: _Group, color: Optional[int], key: int, deadline: Optional[float] = None) -> Optional[_Group]:
         """One of the same class over the ranks passing ``color`` (None for a rank that passes
-        None); the n-th split gets the same store prefix on every rank."""
+        None), ordered by ``(key, rank)`` as MPI and NCCL order them; the n-th split gets the
+        same store prefix on every rank. ``deadline`` bounds the exchange of colours (the
+        transport's split has none: gloo's own limit)."""
         index = self._splits
         self._splits += 1
-        members = _split_members(self.group, color, key, self.rank, deadline)
-        if members is None:
+        mine = torch.tensor([-1 if color is None else color, key], dtype=torch.int64)
+        every = torch.empty(2 * self.size, dtype=torch.int64)
+        wait_work(self.group._allgather_base(every, mine, c10d.AllgatherOptions()), deadline, "the gloo split")
+        if color is None:
             return None
+        members = split_members(every.view(-1, 2).tolist(), color)
         prefix = f"{self._prefix}split{index}/color{color}/"
         group = make_group(self._store, prefix, members.index(self.rank), len(members), self._timeout, "the gloo split")
         return type(self)(group, self._store, prefix, self._timeout)
@@ -219,8 +208,7 @@ class GlooTransport(_GlooGroup, Transport):
         if dtype.name not in _GLOO_TYPES:
             raise ArgumentError(
                 f"the gloo engine cannot reduce {dtype.name} (gloo reduces {', '.join(sorted(_GLOO_TYPES))}); "
-                "convert to "
-                "one of those, or launch with mpiexec for denseccl's MPI transport"
+                "convert to one of those, or launch with mpiexec for denseccl's MPI transport"
             )
         if dtype.kind == "c" and op_kind(op) is ReduceOp.PRODUCT:
             raise OpError(
@@ -298,24 +286,9 @@ class GlooTransport(_GlooGroup, Transport):
     ) -> Optional[Start]:
         return None  # gloo's wait blocks in the library (GlooPending.blocks): the general path each time
 
-    def split(self, color: Optional[int], key: int) -> Optional["GlooTransport"]:
-        return self._split(color, key, None)
-
     def close(self) -> None:
         self._spares.clear()
         super().close()
-
-
-def _split_members(
-    group: Any, color: Optional[int], key: int, rank: int, deadline: Optional[float] = None
-) -> Optional[List[int]]:
-    """The ranks passing ``color``, ordered by ``(key, rank)`` (as MPI and NCCL order them)."""
-    mine = torch.tensor([-1 if color is None else color, key], dtype=torch.int64)
-    every = torch.empty(2 * group.size(), dtype=torch.int64)
-    wait_work(group._allgather_base(every, mine, c10d.AllgatherOptions()), deadline, "the gloo split")
-    if color is None:
-        return None
-    return split_members(every.view(-1, 2).tolist(), color)
 
 
 class GlooControl(_GlooGroup, ControlChannel):
@@ -343,25 +316,15 @@ class GlooControl(_GlooGroup, ControlChannel):
         raw = gathered.numpy().tobytes()
         return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
 
-    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["GlooControl"]:
-        return self._split(color, key, deadline)
-
 
 def open_gloo(
-    store: Any,
-    rank: int,
-    size: int,
-    timeout: Optional[float],
-    prefix: str = "denseccl/gloo/",
-    deadline: Optional[float] = None,
+    store: Any, rank: int, size: int, timeout: Optional[float], prefix: str, deadline: Optional[float]
 ) -> Tuple[GlooTransport, GlooControl]:
     """The transport and control channel of ``size`` ranks meeting on ``store``: two gloo groups
     (data, agreement) under ``prefix``. CollectiveTimeoutError when a peer has not joined by
-    ``deadline`` (default: ``timeout`` seconds from now)."""
+    ``deadline`` (a ``time.monotonic()`` value; None: never)."""
     if not 0 <= rank < size:
         raise DenseCCLError(f"rank {rank} is not in 0..{size - 1}")
-    if deadline is None:
-        deadline = deadline_after(timeout)
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     transport = GlooTransport(data, store, f"{prefix}data/", timeout)

@@ -1,41 +1,30 @@
 """The arrival board: the agreement step through shared memory when all ranks share a host.
 
-The agreement asks one question per collective: does every rank hold this digest, and is no
-rank's input invalid? Over MPI that is a tiny allreduce, whose setup in the MPI library costs
-about as much as the 4 KiB collective it guards. When every rank runs on one host, the ranks
-answer it through a shared page instead: each rank writes ``(digest, invalid, tag)`` and then the
-call's sequence number into its own cache line, and reads its peers' lines once their sequence
-number has arrived.
+Why: over MPI the agreement is a tiny allreduce whose setup costs about as much as the 4 KiB
+collective it guards. On one host the ranks answer it through a shared page instead: each rank
+writes ``(digest, invalid, tag)`` and then the call's sequence number into its own cache line,
+and reads a peer's line once its sequence number has arrived. A last line holds a flag: the
+rank (plus one) that gave up on a call (a timeout). That rank also retracts its entries, so
+that no late peer agrees with an entry of the abandoned call, and a waiting peer fails at once.
 
-A last line holds a flag: the rank (plus one) that gave up on a call (a timeout). That rank
-also retracts its entries, so that no late peer agrees with an entry of the abandoned call,
-and a peer waiting on the board, or checking after its transfer, fails at once.
-
-Two sets of lines, used by alternate calls, make that safe without a second handshake: a rank
-rewrites a line for call ``k + 2`` only after it has seen every peer arrive at call ``k + 1``,
-and a peer arrives there only after it has read everything of call ``k``.
-
-The page is an MPI shared-memory window (``MPI.Win.Allocate_shared`` on the ranks' node
-communicator): the MPI library allocates and maps it, so no file of ours exists at any time,
-and nothing is left behind when a job is killed. Ordering follows MPI's unified memory model,
-as mpi4py's ``util/sync.py`` does: a passive-target epoch open for the board's life
-(``Lock_all``), and ``Win.Sync`` (a memory barrier) between writing the values and publishing
-the sequence number, and between seeing every peer's sequence number and reading their
-values. No processor's store order is assumed.
-
-Closing is local: ``Win.Free`` waits for every rank of the window, and a rank must be able to
-close while a peer is gone, so a closed board's window stays allocated (a few kilobytes) until
-the process ends.
+Two sets of lines serve alternate calls: a rank rewrites a line for call ``k + 2`` only after
+every peer arrived at call ``k + 1``, hence has read everything of call ``k``. The page is an
+MPI shared window (no file of ours exists, nothing is left behind when a job is killed),
+ordered by MPI's unified memory model as mpi4py's ``util/sync.py`` does: ``Win.Sync`` between
+writing the values and publishing the sequence number, and between seeing every peer's number
+and reading their values; no processor's store order is assumed. Closing is local
+(``Win.Free`` waits for every rank), so a closed board's window stays until the process ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from ... import config
 from ...errors import peer_gave_up_error
-from . import cores
+from .doorbell import RETIRED, shared_window
 from ...wait import WAITING, wait_until
 
 #: answers of the MPI backend's agreement step (``all_equal`` with a tag): falsy only when the
@@ -46,19 +35,10 @@ DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
 UNPLANNED = -1
 
 
-def answer(agreed: bool, same_tags: bool) -> int:
-    """The agreement step's answer from its two facts."""
-    if not agreed:
-        return DIFFERENT
-    return SAME if same_tags else MIXED_TAGS
-
-
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, tag, padding)
 LINE = 8
 #: the turns of a crowded wait for a peer's post before the full wait
 TURNS = range(config.CROWDED_TURNS)
-#: closed boards' windows: ``Win.Free`` is collective, so they live until the process ends
-_RETIRED: List[Any] = []
 
 
 def usable_here() -> bool:
@@ -104,29 +84,21 @@ class Board:
         )
 
     @classmethod
-    def open(cls, comm: Any, crowded: Optional[bool] = None) -> Optional["Board"]:
+    def open(cls, comm: Any, crowded: bool) -> Optional["Board"]:
         """A board for the mpi4py communicator ``comm`` (collective over ``comm``), or None where
         its ranks do not all share this host's memory or boards are off. ``crowded``: whether
-        the host's ranks share cores (a split passes its parent's; by default judged here
-        from every rank of this host, cores.py). Either way the process's waits follow it
-        (``wait.WAITING``)."""
+        the host's ranks share cores (cores.py, recorded in ``wait.WAITING`` when judged)."""
         from mpi4py import MPI  # noqa: PLC0415 - the board is built on an MPI communicator
 
         rank, size = comm.Get_rank(), comm.Get_size()
-        if crowded is None:
-            crowded = cores.host_crowded(comm)
-        else:
-            WAITING.note(crowded)
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         try:
             if not comm.allreduce(node.Get_size() == size and usable_here(), op=MPI.LAND):
                 return None
-            window = _allocate(MPI, node, page_bytes(size))
+            window = shared_window(node, page_bytes(size), 8)
         finally:
             node.Free()  # the window keeps what it needs of it
-        if not comm.allreduce(window is not None, op=MPI.LAND):
-            if window is not None:
-                _RETIRED.append(window)
+        if window is None:
             return None
         memory, _ = window.Shared_query(0)
         board = cls(memory, rank, size, crowded, window.Sync, window)
@@ -145,10 +117,8 @@ class Board:
         words[mine + 3] = tag
         self._sync()  # the values before the sequence number
         words[mine] = sequence  # a peer that sees it sees the values too
-        if self.crowded:  # a peer may sleep waiting for this sequence number (Waiting.ring)
-            bells = WAITING.doorbells
-            if bells is not None:
-                bells.ring()
+        if self.crowded:  # a peer may sleep waiting for this sequence number
+            WAITING.ring()
         for line in peers:
             if words[line] != sequence:
                 if self.crowded:  # the peer that must post shares this core: let it run, a few times
@@ -210,47 +180,21 @@ class Board:
         window, self._window = self._window, None
         if window is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # MPI already finalized: nothing left to release
             window.Unlock_all()
-        except Exception:  # noqa: BLE001 - MPI already finalized: nothing left to release
-            pass
-        _RETIRED.append(window)
+        RETIRED.append(window)
 
     def retire(self) -> None:
         """Stop using the page while a wait may still read the flag (a Work in flight when its
         communicator closed): the views stay readable, and the window stays, as after close."""
         window, self._window = self._window, None
         if window is not None:
-            _RETIRED.append(window)
+            RETIRED.append(window)
 
 
 def page_bytes(size: int) -> int:
     """Bytes of the page: two lines per rank, then the flag's line."""
     return (2 * size + 1) * LINE * 8
-
-
-def _allocate(MPI: Any, node: Any, nbytes: int) -> Any:
-    """The shared window: all of it on the node's first rank, zeroed before anyone reads it,
-    in a passive-target epoch that lasts until the board closes (what ``Win.Sync`` needs);
-    None where the MPI library cannot make one in the unified memory model (collective: the
-    model is the window's, the same on every rank)."""
-    try:
-        window = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 8, comm=node)
-    except MPI.Exception:
-        return None
-    if window.model != MPI.WIN_UNIFIED:  # loads and stores would not see the window's public copy
-        _RETIRED.append(window)
-        return None
-    window.Lock_all(MPI.MODE_NOCHECK)
-    if node.Get_rank() == 0:
-        memory, _ = window.Shared_query(0)
-        view = memoryview(memory).cast("B")
-        view[:nbytes] = bytes(nbytes)
-        view.release()
-    window.Sync()
-    node.Barrier()
-    window.Sync()
-    return window
 
 
 def _no_barrier() -> None:

@@ -1,22 +1,16 @@
 """Repeated MPI calls: the in-place start of one geometry, on persistent requests the ranks pair.
 
-Why this exists: a repeated synchronous in-place call (a training loop's allreduce of the same
-buffer) is where per-call cost shows, and MPI 4's persistent collectives (``MPI_Allreduce_init``
-and friends) let the library build its schedule once per buffer instead of once per call. But
-setting one up is collective, a persistent request matches only its own kind on the peers,
-and each rank's cache of them is its own (addresses differ, eviction is local). So the ranks
-decide together, in the agreement step they take anyway, by a tag riding in it (the MPI
-channels carry one: control.py, board.py): a call passes the tag of the request it holds
-for its (geometry, address), 0 where it holds none. Equal tags: every rank starts the request it
-holds, or, where none holds one (0), all set one up now. Different tags (one rank evicted
-its request, another rank's call is on the general path, which passes ``board.UNPLANNED``):
-every rank runs the nonblocking collective, and a rank that held a request drops it, so that
-the next call sets up a new one on every rank. Tags number the set-ups, the same on every
-rank. Hence persistent requests only where the check is on (or there are no peers).
-
-The core sees none of this: :meth:`MPITransport.prepare` hands it a ``base.Start`` whose
-``step`` (:func:`in_place`) is the agreement with the tag and whose ``start`` starts what
-the step decided. Everything else (which library call, its message) is bound once here.
+Why: a repeated synchronous in-place call (a training loop's allreduce of one buffer) is where
+per-call cost shows, and MPI 4's persistent collectives (``MPI_Allreduce_init`` and friends)
+let the library build its schedule once per buffer instead of once per call. Setting one up is
+collective and a request matches only its own kind on the peers, while each rank's cache of
+them is its own (addresses differ, eviction is local). So the ranks decide in the agreement
+step they take anyway, by a tag riding in it (docs/design.md, "Persistent requests"): each call
+passes the tag of the request it holds for its (geometry, address), 0 for none, and the general
+path ``board.UNPLANNED``. Equal tags: every rank starts its request (all 0: all set one up now).
+Mixed tags: every rank runs the nonblocking collective and drops its request. Tags number the
+set-ups, the same on every rank; so persistent requests only where the check is on (or there
+are no peers). The core sees none of this: it gets a ``base.Start`` (:func:`in_place`).
 """
 
 from __future__ import annotations
@@ -90,7 +84,16 @@ def in_place(
     a persistent request instead, held in ``requests`` under ``(geometry, address)``. ``solo``:
     no peers, so no step either: every call may use its request. Closures over locals: this
     runs on every repeated call."""
-    message = message_at(count, mpi_type)
+    nbytes = count * mpi_type.Get_size()
+    fromaddress = MPI.buffer.fromaddress
+    last = [0, [fromaddress(0, 0), 0, mpi_type]]
+
+    def message(address: int) -> list:
+        """The message at ``address``, reusing the last one's: a loop over one array builds it once."""
+        if address != last[0]:
+            last[0], last[1] = address, [fromaddress(address, nbytes), count, mpi_type]
+        return last[1]  # type: ignore[return-value]
+
     entries, create, drop = requests.entries, requests.create, requests.drop
     kind = requests.number(geometry)  # an int: keys are hashed on every call
     #: what the last step decided: the address at which every rank starts its request (0: none),
@@ -136,19 +139,4 @@ def in_place(
     return Start(start, step if init is not None else None, lost)
 
 
-def message_at(count: int, mpi_type: Any) -> Callable[[int], list]:
-    """``address -> message`` for ``count`` elements of ``mpi_type``, reusing the message of
-    the last address: a loop over one array builds it once."""
-    nbytes = count * mpi_type.Get_size()
-    fromaddress = MPI.buffer.fromaddress
-    last = [0, [fromaddress(0, 0), 0, mpi_type]]
-
-    def message(address: int) -> list:
-        if address != last[0]:
-            last[0], last[1] = address, [fromaddress(address, nbytes), count, mpi_type]
-        return last[1]  # type: ignore[return-value]
-
-    return message
-
-
-__all__ = ["Requests", "in_place", "message_at"]
+__all__ = ["Requests", "in_place"]

@@ -1,18 +1,12 @@
-"""The control channels built on MPI, one of which bootstrap picks per communicator
-(:func:`open_control`): :class:`BoardControl` when every rank shares this host (the agreement
-step through a shared-memory board, board.py), :class:`MPIControl` otherwise.
-
-Both carry, besides the agreement, the news that a rank gave up on a call (a timeout): the
-board through a flag in its page, MPI through a message to every peer on the control
-communicator. A rank checks for it after each collective and while it waits, so that no call
-completes by pairing with one a peer abandoned.
+"""The MPI backend's control channels; :func:`open_control` picks one per communicator:
+:class:`BoardControl` where every rank shares this host (the agreement step through a
+shared-memory board, board.py, at no library call), :class:`MPIControl` otherwise.
 
 Why a channel of its own beside the transport: the agreement step runs before every checked
-call, so its cost is paid per call. On its own duplicate of the job's communicator it never
-queues behind a large transfer. Over MPI its message is seven 64-bit words (digest, invalid,
-sequence, tag, with negations so that one MAX gives both extremes): the sequence number catches
-a rank that skipped or abandoned a call, the tag pairs persistent requests (calls.py). On a
-board it costs no library call at all.
+call, and on its own duplicate of the job's communicator it never queues behind a large
+transfer. Both channels also carry the news that a rank gave up on a call (a timeout): the
+board as a flag in its page, MPI as a message to every peer. A rank checks for it after each
+collective and while it waits, so that no call completes by pairing with one a peer abandoned.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ from ...errors import CommunicatorBrokenError, peer_gave_up_error
 from . import cores
 from ...wait import wait_until
 from ..base import ControlChannel, Flag, abandon
-from .board import UNPLANNED, Board, answer
+from .board import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, Board
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
@@ -51,8 +45,9 @@ class MPIControl(ControlChannel):
         #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
         self.crowded = crowded
         self._sequence = 0
-        # The agreement's [digest, -digest, invalid, sequence, -sequence, tag, -tag] travels in
-        # one buffer and one prebuilt message: the per-call cost is a pack, the MPI call and an unpack.
+        # The agreement's [digest, -digest, invalid, sequence, -sequence, tag, -tag] (negations:
+        # one MAX gives both extremes; the sequence catches a rank that skipped or abandoned a
+        # call, the tag pairs persistent requests, calls.py) travels in one prebuilt message.
         self._seven = bytearray(_SEVEN.size)
         self._seven_message = [self._seven, 7, MPI.INT64_T]
         self._iallreduce = comm.Iallreduce
@@ -79,7 +74,9 @@ class MPIControl(ControlChannel):
                 f"the agreement paired call {sequence} of this rank with calls {-negated_earliest}..{latest} of its "
                 "peers: a rank skipped or abandoned a call; this communicator is unusable"
             )
-        return answer(highest == value and negated_lowest == -value and not any_invalid, top_tag == -negated_bottom_tag)
+        if highest != value or negated_lowest != -value or any_invalid:
+            return DIFFERENT
+        return SAME if top_tag == -negated_bottom_tag else MIXED_TAGS
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = np.array(values, np.int64)
@@ -106,7 +103,7 @@ class MPIControl(ControlChannel):
         def done() -> bool:
             if test():
                 return True
-            if self.peer_gave_up() is not None:
+            if MPIControl.peer_gave_up(self) is not None:  # MPI's notes, on a board's channel too
                 raise peer_gave_up_error(self._gave_up)  # type: ignore[arg-type]
             return False
 
@@ -150,24 +147,17 @@ class MPIControl(ControlChannel):
         retire_comm(self.comm)
 
 
-class BoardControl(ControlChannel):
+class BoardControl(MPIControl):
     """All ranks on this host: the agreement step and the "gave up" flag through a
     shared-memory board, the rest (full descriptors on a mismatch, splits) through MPI."""
 
-    def __init__(self, board: Board, mpi: MPIControl) -> None:
+    board: Board
+
+    def __init__(self, comm: Any, board: Board) -> None:
+        super().__init__(comm, board.crowded)
         self.board = board
-        self.mpi = mpi
-        self.rank = mpi.rank
-        self.size = mpi.size
-        self.crowded = board.crowded
         #: the board's own step: no delegation on every call
         self.all_equal = board.all_equal  # type: ignore[method-assign, assignment]
-
-    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
-        return self.mpi.allreduce_max(values, deadline)
-
-    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
-        return self.mpi.allgather_bytes(data, deadline)
 
     def gave_up_flag(self) -> Flag:
         return self.board.flag
@@ -178,19 +168,13 @@ class BoardControl(ControlChannel):
     def peer_gave_up(self) -> Optional[int]:
         return self.board.gave_up()
 
-    def abort(self, message: str) -> NoReturn:
-        self.mpi.abort(message)
-
-    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
-        return self.mpi.split(color, key, deadline)
-
     def close(self) -> None:
         self.board.close()
-        self.mpi.close()
+        super().close()
 
     def retire(self) -> None:
         self.board.retire()
-        self.mpi.retire()
+        super().retire()
 
 
 def split_comm(comm: Any, color: Optional[int], key: int) -> Any:
@@ -221,17 +205,17 @@ def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
     over ``comm``): a board where every rank shares this host and can use one, MPI otherwise.
     ``crowded``: whether the host's ranks cannot each have a core of their own (a split
     passes its parent's; by default judged here, cores.py)."""
-    if crowded is None and comm.Get_size() > 1:
+    size = comm.Get_size()
+    if size == 1:
+        return MPIControl(comm, crowded)
+    if crowded is None:
         crowded = cores.host_crowded(comm)
-    mpi = MPIControl(comm, crowded)
-    board = Board.open(comm, crowded) if mpi.size > 1 else None
+    board = Board.open(comm, crowded)
     if board is None:
-        if mpi.size > 1:
-            log.info("agreement step: MPI allreduce on the control communicator (%d ranks, no shared board)", mpi.size)
-        return mpi
-    mpi.crowded = board.crowded
-    log.info("agreement step: shared-memory board (%d ranks on this host, crowded=%s)", mpi.size, board.crowded)
-    return BoardControl(board, mpi)
+        log.info("agreement step: MPI allreduce on the control communicator (%d ranks, no shared board)", size)
+        return MPIControl(comm, crowded)
+    log.info("agreement step: shared-memory board (%d ranks on this host, crowded=%s)", size, crowded)
+    return BoardControl(comm, board)
 
 
 __all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "free_comm", "open_control", "retire_comm", "split_comm"]

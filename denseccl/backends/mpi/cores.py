@@ -1,21 +1,17 @@
 """How many cores the ranks of one host may use, and whether each rank can have one of its own.
 
-A rank that waits for a peer by polling (``wait.wait_until``, the board's inline reads) wins
-latency only while the peer runs on another core. When the peer can only run on the same core,
-every poll keeps it off that core until the scheduler's time slice ends: a 4 KiB allreduce then
-takes milliseconds instead of microseconds. ``os.cpu_count()`` cannot tell: it counts the
-machine's cores, not the ones a rank may use. What can:
+Why: a rank that polls for a peer (``wait.wait_until``, the board's reads) wins latency only
+while the peer runs on another core; on the same core every poll keeps the peer off it until the
+time slice ends, and a 4 KiB allreduce takes milliseconds. ``os.cpu_count()`` counts the
+machine's cores, not the ones a rank may use. What can tell:
 
-- the affinity mask (``os.sched_getaffinity``), which ``taskset``, Slurm's ``--cpu-bind``,
-  cpusets and container ``--cpuset-cpus`` set. Ranks pinned to overlapping masks can each have
-  a core only if the masks admit a system of distinct representatives (a matching of ranks to
-  cores); ``{0}, {0}, {1, 2}`` cannot, though their union has three cores;
-- the cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``),
-  which ``docker --cpus`` and Kubernetes CPU limits set: ranks whose polling exceeds it are
-  throttled for the rest of the period, whatever their masks say.
+- the affinity mask (``taskset``, Slurm's ``--cpu-bind``, cpusets, ``--cpuset-cpus``): ranks
+  can each have a core only if their masks admit a matching of ranks to distinct cores
+  (``{0}, {0}, {1, 2}`` cannot, though their union has three cores);
+- the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``; ``docker --cpus``, Kubernetes
+  limits): ranks polling past it are throttled for the rest of the period, whatever their masks.
 
-:func:`crowded` gathers both from every rank of a host once, at bootstrap, and answers for all
-of them alike.
+:func:`host_crowded` gathers both from every rank of a host once, at bootstrap.
 """
 
 from __future__ import annotations
@@ -106,30 +102,21 @@ def _read(path: str) -> Optional[str]:
 
 def _v2_limit(directory: str) -> Optional[float]:
     """``cpu.max`` holds ``"$QUOTA $PERIOD"`` (microseconds), or ``"max $PERIOD"``: no limit."""
-    text = _read(os.path.join(directory, "cpu.max"))
-    if not text:
-        return None
-    words = text.split()
-    if words[0] == "max" or len(words) < 2:
-        return None
-    return _cores(words[0], words[1])
+    words = (_read(os.path.join(directory, "cpu.max")) or "").split()
+    return _cores(words[0], words[1]) if len(words) >= 2 else None
 
 
 def _v1_limit(directory: str) -> Optional[float]:
     """``cpu.cfs_quota_us`` is -1 when unlimited."""
-    quota, period = (
-        _read(os.path.join(directory, "cpu.cfs_quota_us")),
-        _read(os.path.join(directory, "cpu.cfs_period_us")),
-    )
-    if quota is None or period is None:
-        return None
+    quota, period = (_read(os.path.join(directory, f"cpu.cfs_{name}_us")) for name in ("quota", "period"))
     return _cores(quota, period)
 
 
-def _cores(quota: str, period: str) -> Optional[float]:
+def _cores(quota: Optional[str], period: Optional[str]) -> Optional[float]:
+    """``quota / period`` in cores; None where either is missing, not a number (``max``) or not positive."""
     try:
-        q, p = int(quota), int(period)
-    except ValueError:
+        q, p = int(quota), int(period)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
         return None
     return q / p if q > 0 and p > 0 else None
 
@@ -168,21 +155,15 @@ def judge(placements: Sequence[Placement]) -> bool:
     return any(ranks > limits[cgroup] + 1e-9 for cgroup, ranks in ranks_per_cgroup.items())
 
 
-def crowded(node: Any) -> bool:
-    """Collective over ``node``, an mpi4py communicator of ranks that share one host: whether
-    they are crowded (:func:`judge`). Every rank gets the same answer."""
-    return judge(node.allgather(local_placement()))
-
-
 def host_crowded(comm: Any) -> bool:
     """Collective over the mpi4py communicator ``comm``: whether its ranks on this host are
-    crowded; recorded in this process's wait policy (``wait.WAITING``) with the host's
-    doorbells (doorbell.py) where they are."""
+    crowded (:func:`judge`, the same answer on every rank); recorded in this process's wait
+    policy (``wait.WAITING``) with the host's doorbells (doorbell.py) where they are."""
     from mpi4py import MPI  # noqa: PLC0415 - only MPI jobs exchange placements
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
-        found = crowded(node)
+        found = judge(node.allgather(local_placement()))
         doorbells = Doorbells.open(node) if found and node.Get_size() > 1 else None
     finally:
         node.Free()

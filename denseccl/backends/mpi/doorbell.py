@@ -1,19 +1,14 @@
 """Doorbells: how ranks that share cores wait for each other without polling.
 
-When a host's ranks cannot each have a core of their own (cores.py), a rank that polls while
-it waits burns the time its peer needs. A crowded wait first yields the core after each short
-burst of polls (wait.wait_until): the peer that shares the core runs at once, and a small
-call completes within a few turns. A wait that lasts longer (a slow or stalled peer) must not
-keep the core busy with yields, so it raises its ``asleep`` flag, tests once more, and sleeps
-on its doorbell (a futex in an MPI shared window, with a short timeout); a rank rings the
-doorbells of sleeping peers before the first sleep of a wait, after it posts an agreement and
-when one of its waits ends: whatever a peer waits for was made by one of those steps. A wake-up that is
-missed costs at most the nap (:data:`config.NAP_SECONDS`), never a hang: every sleep times out and
-tests again.
-
-Linux futexes through ``syscall(2)``, on the processors listed in :data:`FUTEX_SYSCALL`;
-elsewhere (and where the MPI library cannot make a shared window) there are no doorbells and
-crowded waits yield instead.
+Why: on a crowded host (cores.py) a rank that polls burns the time its peer needs. A crowded
+wait yields after each short burst of polls (wait.wait_until), so a small call completes within
+a few turns; a longer wait (a slow or stalled peer) must not keep the core busy with yields, so
+it raises its ``asleep`` flag, tests once more, and sleeps on its doorbell (a futex in an MPI
+shared window, with a short timeout). A rank rings sleeping peers before the first sleep of a
+wait, after it posts an agreement and when one of its waits ends: whatever a peer waits for was
+made by one of those steps. A missed wake-up costs at most :data:`config.NAP_SECONDS`, never a
+hang. Linux futexes through ``syscall(2)`` on the processors of :data:`FUTEX_SYSCALL`; elsewhere
+(and where the MPI library cannot make a shared window) crowded waits yield instead.
 """
 
 from __future__ import annotations
@@ -25,25 +20,20 @@ from typing import Any, Callable, List, Optional
 
 from ... import config
 
-#: the futex system call's number per processor (Linux)
+#: the futex system call's number per processor (Linux), by the names ``platform.machine()`` gives
 FUTEX_SYSCALL = {
-    "x86_64": 202,
-    "amd64": 202,
-    "aarch64": 98,
-    "arm64": 98,
-    "riscv64": 98,
-    "ppc64le": 221,
-    "ppc64": 221,
+    **dict.fromkeys(("x86_64", "amd64"), 202),
+    **dict.fromkeys(("aarch64", "arm64", "riscv64"), 98),
+    **dict.fromkeys(("ppc64le", "ppc64"), 221),
     "s390x": 238,
-    "i686": 240,
-    "i386": 240,
-    "armv7l": 240,
+    **dict.fromkeys(("i686", "i386", "armv7l"), 240),
 }
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not the _PRIVATE variants
 #: 32-bit words per rank, one cache line: (rings, asleep)
 WORDS = 16
-#: doorbells replaced by a larger host's: their windows live until the process ends
-_RETIRED: List[Any] = []
+#: windows given up (doorbells replaced by a larger host's, closed boards): ``Win.Free`` is
+#: collective, so they live until the process ends
+RETIRED: List[Any] = []
 
 
 class _Timespec(ctypes.Structure):
@@ -100,26 +90,12 @@ class Doorbells:
 
         futex = futex_call()
         size = node.Get_size()
-        window = None
-        if node.allreduce(futex is not None, op=MPI.LAND):
-            try:
-                window = MPI.Win.Allocate_shared(size * WORDS * 4 if node.Get_rank() == 0 else 0, 4, comm=node)
-            except MPI.Exception:
-                window = None
-        if not node.allreduce(window is not None and window.model == MPI.WIN_UNIFIED, op=MPI.LAND):
-            if window is not None:
-                _RETIRED.append(window)
+        if not node.allreduce(futex is not None, op=MPI.LAND):
             return None
-        assert window is not None  # every rank has one: the allreduce above said so
-        window.Lock_all(MPI.MODE_NOCHECK)  # the epoch Win.Sync needs, for the window's life
+        window = shared_window(node, size * WORDS * 4, 4)
+        if window is None:
+            return None
         memory, _ = window.Shared_query(0)
-        if node.Get_rank() == 0:
-            zero = memoryview(memory).cast("B")  # type: ignore[arg-type]
-            zero[: size * WORDS * 4] = bytes(size * WORDS * 4)
-            zero.release()
-        window.Sync()
-        node.Barrier()
-        window.Sync()
         return cls(memory, memory.address, node.Get_rank(), size, futex, window.Sync, window)  # type: ignore[arg-type]
 
     def ring(self) -> None:
@@ -152,5 +128,33 @@ class Doorbells:
     def retire(self) -> None:
         """Stop using these doorbells (local; ``Win.Free`` would wait for every rank)."""
         if self._window is not None:
-            _RETIRED.append(self._window)
+            RETIRED.append(self._window)
             self._window = None
+
+
+def shared_window(node: Any, nbytes: int, unit: int) -> Any:
+    """An MPI shared window of ``nbytes`` (in units of ``unit`` bytes), all of it on the first
+    rank of ``node`` (an mpi4py communicator of one host), zeroed before anyone reads it, in a
+    passive-target epoch that lasts the window's life (what ``Win.Sync`` needs). None on every
+    rank where the MPI library cannot make one in the unified memory model (loads and stores
+    would not see the window's public copy). Collective over ``node``."""
+    from mpi4py import MPI  # noqa: PLC0415
+
+    try:
+        window: Any = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, unit, comm=node)
+    except MPI.Exception:
+        window = None
+    if not node.allreduce(window is not None and window.model == MPI.WIN_UNIFIED, op=MPI.LAND):
+        if window is not None:
+            RETIRED.append(window)
+        return None
+    window.Lock_all(MPI.MODE_NOCHECK)
+    if node.Get_rank() == 0:
+        memory, _ = window.Shared_query(0)
+        view = memoryview(memory).cast("B")
+        view[:nbytes] = bytes(nbytes)
+        view.release()
+    window.Sync()
+    node.Barrier()
+    window.Sync()
+    return window

@@ -21,7 +21,7 @@ import ctypes
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Iterator, Tuple
 
 import numpy as np
 
@@ -42,7 +42,6 @@ except ImportError:  # built without a C compiler
     _native = None
 
 _NATIVE_TYPES = {"float16": 0, "bfloat16": 1}
-_NATIVE_KINDS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3}
 
 
 #: What a user sees when the compiled loops are missing (``python -m denseccl`` and the warning).
@@ -66,7 +65,7 @@ def native_available() -> bool:
     return _native is not None
 
 
-def _warn_fallback() -> None:
+def _warn_fallback(stacklevel: int = 3) -> None:
     """Say once per process that half types fall back to slower kernels, unless the fallback
     was chosen on purpose (``DENSECCL_HOST_KERNELS=torch|numpy``). Called where half-precision
     work is set up, never from inside an MPI callback."""
@@ -74,7 +73,7 @@ def _warn_fallback() -> None:
     if _warned or _native is not None or KERNELS not in ("auto", "native"):
         return
     _warned = True
-    warnings.warn(f"denseccl: {MISSING_NATIVE}", HalfKernelsWarning, stacklevel=3)
+    warnings.warn(f"denseccl: {MISSING_NATIVE}", HalfKernelsWarning, stacklevel=stacklevel)
 
 
 def _use_native(*arrays: np.ndarray) -> bool:
@@ -86,14 +85,12 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]  # type: ignore[no-any-return]
 
 
-_STORAGE: Dict[str, np.dtype] = {"bfloat16": np.dtype(np.uint16)}
 _HALVES = frozenset({"float16", "bfloat16"})
 
 
 def storage_dtype(dtype: DType) -> np.dtype:
     """NumPy dtype holding the elements' bits (bfloat16 as uint16)."""
-    found = _STORAGE.get(dtype.name)
-    return found if found is not None else np.dtype(dtype.name)
+    return np.dtype(np.uint16 if dtype.name == "bfloat16" else dtype.name)
 
 
 def host_view(pointer: int, count: int, dtype: DType) -> np.ndarray:
@@ -197,15 +194,13 @@ def _narrow(single: np.ndarray, out: np.ndarray, name: str) -> None:
         out[nan] = 0x7FC0
 
 
-_UFUNCS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.PRODUCT: np.multiply,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
+#: per reduction: (NumPy's ufunc, torch's function, the compiled loops' number)
+_KINDS = {
+    ReduceOp.SUM: (np.add, "add", 0),
+    ReduceOp.PRODUCT: (np.multiply, "mul", 1),
+    ReduceOp.MIN: (np.minimum, "minimum", 2),
+    ReduceOp.MAX: (np.maximum, "maximum", 3),
 }
-
-
-_TORCH_OPS = {ReduceOp.SUM: "add", ReduceOp.PRODUCT: "mul", ReduceOp.MIN: "minimum", ReduceOp.MAX: "maximum"}
 
 
 def _torch_step(incoming: np.ndarray, result: np.ndarray, op_name: str, name: str) -> bool:
@@ -229,11 +224,10 @@ def _quiet() -> "np.errstate":
 def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, object], None]:
     """An MPI user-op function ``inout = in (op) inout`` for float16/bfloat16 elements."""
     _warn_fallback()
-    ufunc = _UFUNCS[kind]
+    ufunc, op_name, native_kind = _KINDS[kind]
     storage = storage_dtype(dtype)
     name = dtype.name
-    op_name = _TORCH_OPS[kind]
-    native_type, native_kind = _NATIVE_TYPES[name], _NATIVE_KINDS[kind]
+    native_type = _NATIVE_TYPES[name]
 
     def reduce_halves(inbuf: object, inoutbuf: object, datatype: object) -> None:
         incoming = np.frombuffer(inbuf, storage)  # type: ignore[call-overload]
@@ -247,8 +241,7 @@ def half_reduction(kind: ReduceOp, dtype: DType) -> Callable[[object, object, ob
             return
         scratch = _scratch
         with _quiet():
-            for start in range(0, result.size, CHUNK):
-                stop = start + CHUNK
+            for start, stop in _chunks(result):
                 left = _widen(incoming[start:stop], scratch.left, name)
                 right = _widen(result[start:stop], scratch.right, name)
                 ufunc(left, right, out=right)
@@ -262,19 +255,27 @@ def _chunks(view: np.ndarray) -> Iterator[Tuple[int, int]]:
         yield start, start + CHUNK
 
 
+def _scale_halves(destination: np.ndarray, source: np.ndarray, divide: bool, by: float, name: str) -> None:
+    """``destination = source * by`` (or ``/ by``) for float16/bfloat16, computed in float32."""
+    _warn_fallback(4)  # the warning names the caller of scale or divide
+    if _use_native(destination, source):
+        _native.scale(_NATIVE_TYPES[name], int(divide), _address(source), _address(destination), source.size, by)
+        return
+    scratch = _scratch
+    with _quiet():
+        for start, stop in _chunks(source):
+            single = _widen(source[start:stop], scratch.left, name)
+            if divide:
+                single /= np.float32(by)
+            else:
+                single *= np.float32(by)
+            _narrow(single, destination[start:stop], name)
+
+
 def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DType) -> None:
     """``destination = source * factor`` in the dtype's arithmetic (may alias exactly)."""
     if dtype.name in _HALVES:
-        _warn_fallback()
-    if dtype.name in _HALVES and _use_native(destination, source):
-        _native.scale(_NATIVE_TYPES[dtype.name], 0, _address(source), _address(destination), source.size, factor)
-    elif dtype.name in _HALVES:
-        scratch = _scratch
-        with _quiet():
-            for start, stop in _chunks(source):
-                single = _widen(source[start:stop], scratch.left, dtype.name)
-                single *= np.float32(factor)
-                _narrow(single, destination[start:stop], dtype.name)
+        _scale_halves(destination, source, False, factor, dtype.name)
     elif dtype.kind in "iu":
         np.multiply(source, int(factor), out=destination, casting="unsafe")
     else:
@@ -284,16 +285,7 @@ def scale(destination: np.ndarray, source: np.ndarray, factor: float, dtype: DTy
 def divide(view: np.ndarray, divisor: int, dtype: DType) -> None:
     """``view /= divisor`` in place; integers truncate toward zero, as NCCL's average does."""
     if dtype.name in _HALVES:
-        _warn_fallback()
-    if dtype.name in _HALVES and _use_native(view):
-        _native.scale(_NATIVE_TYPES[dtype.name], 1, _address(view), _address(view), view.size, float(divisor))
-    elif dtype.name in _HALVES:
-        scratch = _scratch
-        with _quiet():
-            for start, stop in _chunks(view):
-                single = _widen(view[start:stop], scratch.left, dtype.name)
-                single /= np.float32(divisor)
-                _narrow(single, view[start:stop], dtype.name)
+        _scale_halves(view, view, True, float(divisor), dtype.name)
     elif dtype.kind in "iu":
         if divisor > np.iinfo(view.dtype).max:  # NumPy refuses a divisor the dtype cannot hold
             for start, stop in _chunks(view):

@@ -1,20 +1,14 @@
 """The MPI backend's init: the ranks of an MPI launch (mpiexec, mpirun, srun with PMI) or of a
 given mpi4py communicator become a Communicator.
 
-Why it exists apart from the transport: making a communicator is the one step where a rank
-cannot yet know whether its peers are alive, so it must be bounded by the timeout like every
-later call. The job's communicator is duplicated twice, with the nonblocking
-``MPI_Comm_idup`` waited for by the one wait loop (wait.py), so that a peer that never calls
-``init`` makes the others raise CollectiveTimeoutError instead of hanging in ``MPI_Comm_dup``.
-The first duplicate carries the data (backends/mpi/transport.py), the second the agreement step
-and the "gave up" notes (backends/mpi/control.py), so that an agreement never queues behind a
-large transfer and the control channel's own tags cannot match data messages. Opening the
-control channel also records whether the host's ranks share cores (cores.py), which sets the
-process's wait policy.
-
-mpi4py is imported here, not at module load: importing it initialises MPI, which a process that
-only uses NCCL or gloo must not pay for. With ``DENSECCL_DEBUG=INFO`` the init logs the rank's
-place in the job, the MPI library and which float16/bfloat16 kernels reduce.
+Why apart from the transport: making a communicator is the one step where a rank cannot yet
+know whether its peers are alive, so it is bounded by the timeout like every later call. The
+job's communicator is duplicated twice with the nonblocking ``MPI_Comm_idup``, waited for by the
+one wait loop (wait.py), so that a peer that never calls ``init`` makes the others raise
+CollectiveTimeoutError instead of hanging in ``MPI_Comm_dup``. The first duplicate carries the
+data (transport.py), the second the agreement step and the "gave up" notes (control.py), so that
+an agreement never queues behind a large transfer and the control channel's own tags cannot
+match data messages.
 """
 
 from __future__ import annotations

@@ -33,14 +33,7 @@ from .control import MPIControl, free_comm, open_control, retire_comm, split_com
 
 _MPI_TYPES: Dict[str, Any] = {
     "bool": MPI.C_BOOL,
-    "int8": MPI.INT8_T,
-    "uint8": MPI.UINT8_T,
-    "int16": MPI.INT16_T,
-    "uint16": MPI.UINT16_T,
-    "int32": MPI.INT32_T,
-    "uint32": MPI.UINT32_T,
-    "int64": MPI.INT64_T,
-    "uint64": MPI.UINT64_T,
+    **{f"{u}int{bits}": getattr(MPI, f"{u.upper()}INT{bits}_T") for u in ("", "u") for bits in (8, 16, 32, 64)},
     "float16": MPI.UINT16_T,  # carried as bits; reduced by our own user ops
     "bfloat16": MPI.UINT16_T,
     "float32": MPI.FLOAT,
@@ -58,9 +51,16 @@ _BASE_OPS = {
     ReduceOp.MAX: MPI.MAX,
 }
 _BOOL_MPI_OPS = {ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR}
+#: the communicator's methods that start an in-place call: (nonblocking, persistent set-up)
+_IN_PLACE_CALLS = {
+    "allreduce": ("Iallreduce", "Allreduce_init"),
+    "reduce": ("Ireduce", "Reduce_init"),
+    "broadcast": ("Ibcast", "Bcast_init"),
+}
 
 
-def _mpi_op(kind: ReduceOp, dtype: DType) -> Any:
+def _mpi_op(op: Op, dtype: DType) -> Any:
+    kind = op_kind(op)
     if dtype.kind == "b":
         return _BOOL_MPI_OPS[BOOL_OPS[kind]]
     if host_kernels.is_half(dtype):
@@ -143,7 +143,10 @@ class MPITransport(Transport):
     def _message(self, pointer: int, count: int, dtype: DType) -> list:
         return [MPI.buffer.fromaddress(pointer, count * dtype.itemsize), count, _MPI_TYPES[dtype.name]]
 
-    def _finish_average(self, pointer: int, count: int, dtype: DType) -> Callable[[], None]:
+    def _average(self, op: Op, pointer: int, count: int, dtype: DType) -> Optional[Callable[[], None]]:
+        """For ``avg``, what turns the ``count`` sums at ``pointer`` into means; else None."""
+        if op_kind(op) is not ReduceOp.AVG:
+            return None
         size = self.size
         return lambda: host_kernels.divide(host_kernels.host_view(pointer, count, dtype), size, dtype)
 
@@ -158,16 +161,18 @@ class MPITransport(Transport):
         temporary = host_kernels.scaled_copy(source, factor, dtype)
         return [temporary, temporary.size, _MPI_TYPES[dtype.name]], temporary
 
-    def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
-        kind = op_kind(op)
-        receive = self._message(recv, count, dtype)
+    def _allreduce_input(self, send: int, recv: int, count: int, dtype: DType, op: Op) -> Any:
+        """The send side of an allreduce into ``recv``: IN_PLACE where ``recv`` holds the input
+        (in place, or scaled there for PreMulSum), else ``send``'s message."""
         if isinstance(op, PreMulSum):
-            message, _ = self._prescale(send, recv, count, dtype, op)
-        else:
-            message = MPI.IN_PLACE if send == recv else self._message(send, count, dtype)
-        request = self.comm.Iallreduce(message, receive, _mpi_op(kind, dtype))
-        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
-        return MPIPending(request, finish)
+            return self._prescale(send, recv, count, dtype, op)[0]
+        return MPI.IN_PLACE if send == recv else self._message(send, count, dtype)
+
+    def allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
+        receive = self._message(recv, count, dtype)
+        message = self._allreduce_input(send, recv, count, dtype, op)
+        request = self.comm.Iallreduce(message, receive, _mpi_op(op, dtype))
+        return MPIPending(request, self._average(op, recv, count, dtype))
 
     def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
         if not self._split_halves(count, dtype):
@@ -177,17 +182,13 @@ class MPITransport(Transport):
     def _split_allreduce(self, send: int, recv: int, count: int, dtype: DType, op: Op) -> Iterator[Tuple[Any, Any]]:
         """The reduce-scatter, then the allgather, each yielded with the messages it uses; the
         next is issued only once the one before has completed."""
-        kind = op_kind(op)
-        if isinstance(op, PreMulSum):
-            message, _ = self._prescale(send, recv, count, dtype, op)
-        else:
-            message = MPI.IN_PLACE if send == recv else self._message(send, count, dtype)
+        message = self._allreduce_input(send, recv, count, dtype, op)
         rank, size, itemsize, mpi_type = self.rank, self.size, dtype.itemsize, _MPI_TYPES[dtype.name]
         counts = [count // size + (1 if r < count % size else 0) for r in range(size)]
         displacements = list(itertools.accumulate([0] + counts[:-1]))
         block = recv + displacements[rank] * itemsize
         block_bytes = counts[rank] * itemsize
-        fromaddress, mpi_op = MPI.buffer.fromaddress, _mpi_op(kind, dtype)
+        fromaddress, mpi_op = MPI.buffer.fromaddress, _mpi_op(op, dtype)
         if message is MPI.IN_PLACE:  # MPI promises this rank's reduced block at the start of recv only
             scattered = [MPI.IN_PLACE, self._message(recv, count, dtype)]
         else:
@@ -197,14 +198,14 @@ class MPITransport(Transport):
             ctypes.memmove(block, recv, block_bytes)
         whole = [fromaddress(recv, count * itemsize), counts, displacements, mpi_type]
         yield self.comm.Iallgatherv(MPI.IN_PLACE, whole), whole
-        if kind is ReduceOp.AVG:
-            self._finish_average(recv, count, dtype)()
+        average = self._average(op, recv, count, dtype)
+        if average is not None:
+            average()
 
     def _split_halves(self, count: int, dtype: DType) -> bool:
         return self.size > 1 and count * dtype.itemsize >= config.SPLIT_HALVES_BYTES and host_kernels.is_half(dtype)
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
-        kind = op_kind(op)
         on_root = self.rank == root
         receive = self._message(recv, count, dtype) if on_root else None
         keep = None
@@ -214,9 +215,8 @@ class MPITransport(Transport):
             message = MPI.IN_PLACE
         else:
             message = self._message(send, count, dtype)
-        request = self.comm.Ireduce(message, receive, _mpi_op(kind, dtype), root)
-        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG and on_root else None
-        return MPIPending(request, finish, keep)
+        request = self.comm.Ireduce(message, receive, _mpi_op(op, dtype), root)
+        return MPIPending(request, self._average(op, recv, count, dtype) if on_root else None, keep)
 
     def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
         return MPIPending(self.comm.Ibcast(self._message(buffer, count, dtype), root))
@@ -229,16 +229,14 @@ class MPITransport(Transport):
         return MPIPending(self.comm.Iallgather(message, receive))
 
     def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
-        kind = op_kind(op)
         keep = None
         if isinstance(op, PreMulSum):
             message, keep = self._prescale(send, 0, count * self.size, dtype, op)
         else:
             message = self._message(send, count * self.size, dtype)
         message[1] = count  # mpi4py counts the send side per block
-        request = self.comm.Ireduce_scatter_block(message, self._message(recv, count, dtype), _mpi_op(kind, dtype))
-        finish = self._finish_average(recv, count, dtype) if kind is ReduceOp.AVG else None
-        return MPIPending(request, finish, keep)
+        request = self.comm.Ireduce_scatter_block(message, self._message(recv, count, dtype), _mpi_op(op, dtype))
+        return MPIPending(request, self._average(op, recv, count, dtype), keep)
 
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
@@ -264,21 +262,17 @@ class MPITransport(Transport):
         ``collective`` on a message, with everything else bound; None where host work
         surrounds the call (avg, PreMulSum) and the general path must run."""
         kind = None if op is None else op_kind(op)
-        if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM):
+        if kind in (ReduceOp.AVG, ReduceOp.PREMUL_SUM) or collective not in _IN_PLACE_CALLS:
             return None
-        comm, mpi_op, in_place = self.comm, None if kind is None else _mpi_op(kind, dtype), MPI.IN_PLACE
+        call = getattr(self.comm, _IN_PLACE_CALLS[collective][persistent])
+        mpi_op, in_place = None if op is None else _mpi_op(op, dtype), MPI.IN_PLACE
         if collective == "allreduce":
-            allreduce = comm.Allreduce_init if persistent else comm.Iallreduce
-            return lambda message: allreduce(in_place, message, mpi_op)
-        if collective == "reduce":
-            reduce = comm.Reduce_init if persistent else comm.Ireduce
-            if self.rank == root:
-                return lambda message: reduce(in_place, message, mpi_op, root)
-            return lambda message: reduce(message, None, mpi_op, root)
+            return lambda message: call(in_place, message, mpi_op)
         if collective == "broadcast":
-            broadcast = comm.Bcast_init if persistent else comm.Ibcast
-            return lambda message: broadcast(message, root)
-        return None
+            return lambda message: call(message, root)
+        if self.rank == root:
+            return lambda message: call(in_place, message, mpi_op, root)
+        return lambda message: call(message, None, mpi_op, root)
 
     def split(self, color: Optional[int], key: int) -> Optional["MPITransport"]:
         part = split_comm(self.comm, color, key)
