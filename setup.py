@@ -1,7 +1,7 @@
 """The one compiled part: denseccl._half_kernels, float16/bfloat16 loops for the MPI transport.
 
 It is optional: without a C compiler the install still succeeds and denseccl reduces half types
-with torch's kernels (when torch is imported) or NumPy's (slower); see transports/host_kernels.py.
+with torch's kernels (when torch is imported) or NumPy's (slower); see backends/mpi/host_kernels.py.
 Everything else is in pyproject.toml.
 """
 

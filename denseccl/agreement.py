@@ -3,13 +3,9 @@
 shape).
 
 Cheap path: one step of the control channel (``all_equal``) tells every rank at once whether all
-digests are equal and nobody's input was invalid: by default a host allreduce (max) of
-``[digest, -digest, invalid]``. The MPI backend's channels carry seven words instead,
-``[digest, -digest, invalid, sequence, -sequence, tag, -tag]`` (the call's sequence number
-catches a rank that skipped a call; the tag pairs persistent requests), or, when every rank
-shares one host, post ``(digest, invalid, tag)`` and a sequence number on a shared-memory
-arrival board (backends/mpi/board.py). Only on disagreement do the ranks exchange full
-descriptors, so that every rank raises the same, complete error.
+digests are equal and nobody's input was invalid (each channel's message: docs/design.md, "The
+agreement protocol"). Only on disagreement do the ranks exchange full descriptors, so that
+every rank raises the same, complete error.
 """
 
 from __future__ import annotations

@@ -46,6 +46,16 @@ class CommunicatorBrokenError(DenseCCLError, RuntimeError):
     """The communicator cannot be used any more (after a timeout or a transport failure)."""
 
 
+def timeout_error(what: str, seen: str = "") -> CollectiveTimeoutError:
+    """What a wait for ``what`` raises once its deadline has passed (``seen``: what the wait
+    saw of the missing peers, such as missing store keys or the library's message)."""
+    return CollectiveTimeoutError(
+        f"{what} did not complete within the timeout: a peer never joined (it may have crashed, be stuck, or have "
+        f"called a different sequence of collectives{seen and '; ' + seen}). The communicator is now broken; raise "
+        "the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers are just slow"
+    )
+
+
 def peer_gave_up_error(rank: Optional[int]) -> CommunicatorBrokenError:
     """What a rank raises once it knows that ``rank`` gave up on a call of their communicator."""
     return CommunicatorBrokenError(

@@ -2,19 +2,13 @@
 :class:`Call`: broken check -> agreement (agreement.agree, the only entry to it) -> start ->
 the wait (wait.py), or a :class:`Work`, which completes through :meth:`Flow.wait`.
 
-A synchronous in-place call on a NumPy array or a :func:`plain_torch` tensor validates the same
-way every time for the same (collective, shape, strides, dtype, op, root): the first one is
-validated into a Call bound to the transport's prepared start that the flow keeps
-(:meth:`Flow.prepare`), and a repeated one runs it (:meth:`Flow.replay`). Every other call is
-validated each time into a :func:`general` Call. The flow is also the interface for code built
-on the core (the torch adapter, :class:`Work`), so that none of it needs another module's
-private names.
-
-Memory: a started transfer may touch the caller's arrays, the transport's temporaries and its
-communicator until it completes, and MPI cannot cancel it. So a wait that ends other than by
-completion hands the transfer with what it uses to :func:`~denseccl.backends.base.abandon`,
-dropped Works (:attr:`Flow.orphans`) are abandoned whole if the flow goes away first, and
-:meth:`Flow.close` retires the transport where a transfer may still run (docs/design.md).
+A synchronous in-place call on a NumPy array or a :func:`plain_torch` tensor is validated once
+per geometry into a Call bound to the transport's prepared start (:meth:`Flow.prepare`), which
+repeated calls run (:meth:`Flow.replay`); every other call is validated each time into a
+:func:`general` Call. A started transfer may touch the caller's arrays, the transport's
+temporaries and its communicator until it completes, and MPI cannot cancel it: what the flow
+stops waiting for is abandoned, never freed (docs/design.md, "Keeping memory alive"). The flow
+is also the interface for code built on the core, so that none of it needs private names.
 """
 
 from __future__ import annotations
@@ -498,11 +492,9 @@ class Work:
 
 
 def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) -> None:
-    """A flow went away, or the interpreter exits (before it clears the modules, and before
-    MPI is finalized): keep the dropped Works still in flight for the process's life. MPI
-    still moves their data when it is finalized, after the interpreter has cleared everything,
-    so the list itself is kept: Works dropped while the modules are cleared join it
-    (Flow.adopt)."""
+    """A flow went away, or the interpreter exits: keep its dropped Works still in flight for
+    the process's life, the list itself included, as Works dropped while the modules are
+    cleared join it (Flow.adopt) and MPI moves their data until it is finalized."""
     if orphans or unfinished:
         abandon(orphans)
 

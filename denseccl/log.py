@@ -5,9 +5,6 @@ only), ``INFO`` (bootstrap decisions, the agreement path each communicator takes
 (also every call's descriptor and time). When the variable is set, denseccl attaches its own
 stderr handler whose lines carry the rank; otherwise the application's logging configuration
 decides, as for any library logger.
-
-Calls on the fast path guard with :func:`tracing` (one integer comparison) before building a
-message.
 """
 
 from __future__ import annotations

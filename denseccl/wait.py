@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from . import config
-from .errors import CollectiveTimeoutError
+from .errors import timeout_error
 
 #: a transfer's (or any wait's) test: True once done, never blocks
 Test = Callable[[], bool]
@@ -138,12 +138,7 @@ def wait_until(
             continue
         now = time.monotonic()
         if deadline is not None and now > deadline:
-            raise CollectiveTimeoutError(
-                f"{what} did not complete within the timeout: a peer never joined (it may have crashed, "
-                "be stuck, or have called a different sequence of collectives). The communicator is now "
-                "broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers "
-                "are just slow"
-            )
+            raise timeout_error(what)
         if doorbells is None and now - started > config.SLEEP_AFTER_SECONDS:
             time.sleep(config.SLEEP_SECONDS)
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, List, Optional, Sequence
 
 from .. import config
-from ..errors import CollectiveTimeoutError, DenseCCLError
+from ..errors import DenseCCLError, timeout_error
 from .base import ControlChannel, is_timeout, split_members
 
 _MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
@@ -34,12 +34,8 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
             if store.check(keys):
                 return
             missing = [k for k in keys if not store.check([k])]
-            raise CollectiveTimeoutError(
-                f"{what} did not complete within the timeout: a peer never joined (missing store keys "
-                f"{', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}; it may have crashed, be stuck, or "
-                "have called a different sequence of collectives). The communicator is now broken; raise the "
-                "timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers are just slow"
-            )
+            shown = ", ".join(missing[:8]) + (" …" if len(missing) > 8 else "")
+            raise timeout_error(what, f"missing store keys {shown}")
         span = config.STORE_WAIT_SLICE if remaining is None else min(remaining, config.STORE_WAIT_SLICE)
         try:
             store.wait(keys, timedelta(seconds=max(span, 0.001)))

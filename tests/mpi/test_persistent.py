@@ -1,6 +1,6 @@
 """Repeated calls run on persistent MPI requests that the ranks set up together
-(denseccl/transports/mpi_calls.py, Requests): however the ranks' caches differ, every rank gets NumPy's
-result, the ranks decide alike, and nothing is left allocated at exit."""
+(denseccl/backends/mpi/calls.py, Requests): however the ranks' caches differ, every rank gets
+NumPy's result, the ranks decide alike, and nothing is left allocated at exit."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Repeated calls take the plan fast path (denseccl/calls.py); it must behave exactly like the
-full path on real ranks."""
+"""Repeated calls run their prepared calls (denseccl/flow.py), which must behave exactly like
+the full path on real ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared-memory arrival board (denseccl/transports/board.py) in one process: ranks as
+"""The shared-memory arrival board (denseccl/backends/mpi/board.py) in one process: ranks as
 threads over one shared page. Real ranks use it in tests/mpi/test_agreement_paths.py."""
 
 from __future__ import annotations

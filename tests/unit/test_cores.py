@@ -1,5 +1,5 @@
-"""Which cores a host's ranks may use (denseccl/transports/cores.py) and the wait policy it sets
-(transports/base.py ``Waiting``), in one process. Real ranks under taskset and in a cgroup:
+"""Which cores a host's ranks may use (denseccl/backends/mpi/cores.py) and the wait policy it sets
+(wait.py ``Waiting``), in one process. Real ranks under taskset and in a cgroup:
 tests/mpi/test_pinning.py."""
 
 from __future__ import annotations

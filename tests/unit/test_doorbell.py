@@ -1,4 +1,4 @@
-"""Doorbells (denseccl/transports/doorbell.py) in one process: ranks as threads over one page.
+"""Doorbells (denseccl/backends/mpi/doorbell.py) in one process: ranks as threads over one page.
 Real ranks sleep on them whenever they share cores (tests/mpi/test_pinning.py)."""
 
 from __future__ import annotations

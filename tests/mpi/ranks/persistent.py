@@ -1,9 +1,9 @@
-"""Rank program: repeated calls run on persistent MPI requests (mpi_calls.Requests) that the ranks
-set up together, decided in the agreement step. Every way the ranks' caches can differ must
-still give NumPy's result on every rank: arrays reused on some ranks and fresh on others, more
-arrays than the cache holds (evicted in a different order per rank), one rank on the full path
-(an ndarray subclass) while its peers replay, reduce and broadcast from every root, the check
-turned off and on again. The ranks' tag counters must stay equal (they number the collective
+"""Rank program: repeated calls run on persistent MPI requests (backends/mpi/calls.py, Requests)
+that the ranks set up together, decided in the agreement step. Every way the ranks' caches can
+differ must still give NumPy's result on every rank: arrays reused on some ranks and fresh on
+others, more arrays than the cache holds (evicted in a different order per rank), one rank on the
+full path (an ndarray subclass) while its peers replay, reduce and broadcast from every root, the
+check turned off and on again. The ranks' tag counters must stay equal (they number the collective
 set-ups), and requests must actually be used and reused. argv[1]: "mixed" (the full schedule)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rank program: repeated calls (prepared calls, denseccl/calls.py) behave exactly like
+"""Rank program: repeated calls (prepared calls, denseccl/flow.py) behave exactly like
 first calls: right results on every layout and op, and every rank raises on a mismatch, a
 read-only input or a changed geometry after a plan exists; the communicator stays usable."""
 
