@@ -24,7 +24,7 @@ import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from ...dtypes import DType
-from ...errors import ArgumentError, CollectiveTimeoutError, DenseCCLError, OpError
+from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
 
@@ -69,14 +69,6 @@ def _factor(op: PreMulSum, dtype: DType) -> Any:
     return int(op.factor) if dtype.kind in "iu" else op.factor
 
 
-def _timeout_error(what: str, error: BaseException) -> CollectiveTimeoutError:
-    return CollectiveTimeoutError(
-        f"{what} did not complete within the timeout: a peer never joined (it may have crashed, be stuck, or have "
-        f"called a different sequence of collectives; gloo: {str(error).splitlines()[0][:200]}). The communicator is "
-        "now broken; raise the timeout with denseccl.init(timeout=...) or DENSECCL_TIMEOUT if peers are just slow"
-    )
-
-
 def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
     """Block on a gloo Work until ``deadline`` (a ``time.monotonic()`` value; None: gloo's own
     limit), turning gloo's timeout into :class:`CollectiveTimeoutError`."""
@@ -87,7 +79,7 @@ def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
             work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
     except RuntimeError as error:
         if is_timeout(error):
-            raise _timeout_error(what, error) from None
+            raise timeout_error(what, "gloo: " + str(error).splitlines()[0][:200]) from None
         raise
 
 
@@ -132,7 +124,7 @@ def make_group(
         group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, connect)
     except RuntimeError as error:  # DistStoreError and gloo's connect errors are RuntimeErrors
         if is_timeout(error):
-            raise _timeout_error(what, error) from None
+            raise timeout_error(what, "gloo: " + str(error).splitlines()[0][:200]) from None
         raise DenseCCLError(f"{what} failed: {type(error).__name__}: {error}") from error
     if connect != limit:
         group._set_default_timeout(limit)
