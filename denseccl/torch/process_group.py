@@ -65,7 +65,6 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         self._host: Optional[Communicator] = None
         self._aux: Any = None  # the engine of point-to-point and all-to-all (all_to_all_p2p)
         self._device: Optional[Communicator] = None
-        self._host_problem: Optional[str] = None
         self._names: dict = {}
         self._setup_host()
 
@@ -101,8 +100,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             )
         kind = kinds.pop()
         if kind == "cpu":
-            if self._host is None:
-                raise DenseCCLError(self._host_problem or "denseccl: no communicator for CPU tensors")
+            if self._host is None:  # only after shutdown
+                raise DenseCCLError("this process group has been shut down")
             return self._host
         if kind == "cuda":
             return self._device_communicator(tensors[0].device)
@@ -199,16 +198,15 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     # -- elementwise collectives -------------------------------------------------------------
 
     def _per_tensor(
-        self, what: str, tensors: Any, opts: Any, kind: Any, bind: Callable[[Communicator, Any], Callable[..., Any]]
+        self, what: str, tensors: Any, opts: Any, kind: Any, read: Callable[[Any], Tuple[Any, ...]]
     ) -> dist.Work:
-        """One denseccl collective per tensor. ``bind(comm, opts)`` reads what the collective
-        takes from the options (op, root: a bad one fails on every rank, as any argument does)
-        and returns ``run(t, async_op)``."""
+        """``comm.<what>(t, *read(opts))`` for each tensor. ``read`` takes the collective's op
+        and root from the options: a bad one fails on every rank, as any argument does."""
         with self._arguments(what, tensors):
             opts = options(opts, kind)
             tensors = as_list(tensors)
-            comm = self._communicator(tensors, what)
-            run = bind(comm, opts)
+            collective = getattr(self._communicator(tensors, what), what)
+            args = read(opts)
 
         # a synchronous call on CPU tensors runs its collectives synchronously, so that a
         # repeated geometry runs its prepared call (calls.py)
@@ -217,19 +215,15 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             if now:
                 for t in tensors:
-                    run(t, False)
+                    collective(t, *args, async_op=False)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: run(t, True) for t in tensors])  # type: ignore[misc]  # t=t binds each tensor
+            works = start_each([lambda t=t: collective(t, *args, async_op=True) for t in tensors])  # type: ignore[misc]  # t=t binds each tensor
             return works, lambda: tensors
 
         return self._run(what, opts, tensors[0].device, issue)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op = as_op(opts.reduceOp)
-            return lambda t, async_op: comm.allreduce(t, op, async_op=async_op)
-
-        return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, bind)
+        return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, lambda o: (as_op(o.reduceOp),))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
@@ -259,18 +253,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         return self._run("allreduce_coalesced", opts, tensors[0].device, issue)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op, root = as_op(opts.reduceOp), opts.rootRank
-            return lambda t, async_op: comm.reduce(t, root, op, async_op=async_op)
-
-        return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, bind)
+        return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, lambda o: (o.rootRank, as_op(o.reduceOp)))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
-        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            root = opts.rootRank
-            return lambda t, async_op: comm.broadcast(t, root, async_op=async_op)
-
-        return self._per_tensor("broadcast", tensors, opts, _c10d.BroadcastOptions, bind)
+        return self._per_tensor("broadcast", tensors, opts, _c10d.BroadcastOptions, lambda o: (o.rootRank,))
 
     # -- barrier -----------------------------------------------------------------------------
 
@@ -293,8 +279,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 f"{what} on {tensors[0].device.type} tensors is not supported by the denseccl backend: denseccl has "
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
-        if self._host is None or self._aux is None:
-            raise DenseCCLError(self._host_problem or f"denseccl: no engine for {what}")
+        if self._host is None or self._aux is None:  # only after shutdown
+            raise DenseCCLError("this process group has been shut down")
         return self._host, self._aux
 
     def all_to_all_single(
@@ -372,7 +358,6 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             with contextlib.suppress(Exception):
                 self._aux.free()
         self._aux = self._mpi_group = None
-        self._host_problem = "this process group has been shut down"
 
     def abort(self) -> None:
         self._progress.stop()
