@@ -19,6 +19,7 @@ import torch
 from .. import config
 from ..communicator import Communicator
 
+
 def as_list(tensors: Any) -> List[torch.Tensor]:
     """One tensor or a sequence of them, as a list."""
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
@@ -120,11 +121,10 @@ def one_step(
     """The steps and finish of a single-tensor operation whose result is ``output``: the work
     moved it there, or (staged) the finish copies the work's result into ``copy_into``
     (``output`` or a view of it)."""
-    if copy_into is None:
-        return [work], lambda: [output]
 
     def finish() -> List[torch.Tensor]:
-        copy_into.copy_(work.result)
+        if copy_into is not None:
+            copy_into.copy_(work.result)
         return [output]
 
     return [work], finish

@@ -72,10 +72,9 @@ def _handler(url: str, timeout: datetime.timedelta = DEFAULT_TIMEOUT, **kwargs: 
     raise RuntimeError("denseccl:// cannot rendezvous again")
 
 
-def needs_mpi_rendezvous(environ: Optional[dict] = None) -> bool:
+def needs_mpi_rendezvous() -> bool:
     """An MPI launch without the env:// variables of a torchrun-style one."""
-    source = os.environ if environ is None else environ
-    return launched_by_mpi(source) and not (source.get("MASTER_ADDR") and source.get("MASTER_PORT"))
+    return launched_by_mpi() and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
 
 
 def register() -> None:
@@ -92,7 +91,6 @@ def register() -> None:
 
         env.denseccl = True  # type: ignore[attr-defined]
         handlers["env"] = env
-
 
 
 def host_engine() -> str:

@@ -110,9 +110,7 @@ class _Broadcast(torch.autograd.Function):
 def _broadcast(
     tensors: Sequence[torch.Tensor], devices: Sequence[torch.device], detach: bool
 ) -> List[List[torch.Tensor]]:
-    if not tensors:
-        return [[] for _ in devices]
-    if detach:
+    if detach or not tensors:
         with torch.no_grad():
             return broadcast_coalesced([t.detach() for t in tensors], devices)
     flat = _Broadcast.apply(list(devices), *tensors)
@@ -142,10 +140,10 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
     for j, mine in enumerate(replicas):
         for module, replica in zip(modules, mine):
             replica._former_parameters = OrderedDict()  # what DDP-style code reads, as torch does
+            # _replicate_for_data_parallel copied _modules and _buffers (None entries too) and
+            # emptied _parameters
             for key, child in module._modules.items():
-                if child is None:
-                    replica._modules[key] = None
-                else:
+                if child is not None:
                     setattr(replica, key, mine[module_index[id(child)]])
             for key, param in module._parameters.items():
                 if param is None:
@@ -155,9 +153,7 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
                     setattr(replica, key, copy)  # not a leaf: a plain attribute, as in torch
                     replica._former_parameters[key] = copy
             for key, buf in module._buffers.items():
-                if buf is None:
-                    replica._buffers[key] = None
-                else:
+                if buf is not None:
                     setattr(replica, key, copies[id(buf)][j])
     return [mine[0] for mine in replicas]  # type: ignore[misc]
 
