@@ -6,12 +6,8 @@ module builds, refusing with a message that says how to launch when torch's rank
 disagrees with MPI's. Any other launch (torchrun, ``mp.spawn``, env://, file://, tcp://) moves
 them over the gloo engine (denseccl/backends/gloo/transport.py), made from the group's own store.
 
-Under an MPI launcher the ``denseccl://`` rendezvous takes rank and world size from MPI, and
-rank 0 opens a ``TCPStore`` on a free port and announces it over MPI, so that
-``dist.init_process_group("denseccl")`` needs no other argument. It also answers ``env://``
-(torch's default) when ``MASTER_ADDR`` / ``MASTER_PORT`` are not set; with them set, or in any
-other launch, torch's own env:// runs unchanged. Every step honours the timeout: a rank that
-never calls it makes the others raise :class:`CollectiveTimeoutError`.
+Here too is the ``denseccl://`` rendezvous of an MPI launch, which also answers ``env://``
+without ``MASTER_ADDR`` / ``MASTER_PORT`` (docs/torch.md, Launching).
 """
 
 from __future__ import annotations

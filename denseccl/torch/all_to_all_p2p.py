@@ -103,7 +103,6 @@ class MPIEngine:
         return self._step(request, f"send to rank {dst}", source)
 
     def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
-        """The step, then (once it completed) the source rank and the bytes received."""
         source = self.mpi.ANY_SOURCE if src < 0 else src
         step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), "recv", target)
         return step, step.status.Get_source, lambda: step.status.Get_count(self.mpi.BYTE)
