@@ -246,11 +246,8 @@ def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], input
         step = _alltoallv(engine, "all_to_all", source, target, agreed, inputs[0].element_size())
 
         def finish() -> List[torch.Tensor]:
-            offset = 0
-            for out in outputs:
-                n = out.numel()
-                out.copy_(target[offset : offset + n].view(out.shape))
-                offset += n
+            for out, received in zip(outputs, target.split(agreed["recv"])):
+                out.copy_(received.view(out.shape))
             return outputs
 
         return [step], finish

@@ -173,8 +173,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
-    def name(self) -> str:
-        return BACKEND_NAME
+    name = getBackendName
 
     # a ProcessGroup without C++ backends keeps its name and description here (torch's base
     # class reads them from its backends)
@@ -345,19 +344,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             if comm is not None:
                 with contextlib.suppress(Exception):
                     comm.close()
-        self._host = self._device = None
         if not finished:  # a request given up on may still use them: kept, never freed
             abandon(self._mpi_group, self._aux)
-        elif self._mpi_group is not None:
-            from mpi4py import MPI  # noqa: PLC0415
-
-            if not MPI.Is_finalized() and self._owns_mpi_group and self._mpi_group != MPI.COMM_NULL:
-                with contextlib.suppress(Exception):
-                    self._mpi_group.Free()
-        if self._aux is not None and finished:
+        elif self._aux is not None:
             with contextlib.suppress(Exception):
                 self._aux.free()
-        self._aux = self._mpi_group = None
+            if self._owns_mpi_group:
+                from ..backends.mpi.control import free_comm  # noqa: PLC0415 - only under an MPI launch
+
+                with contextlib.suppress(Exception):
+                    free_comm(self._mpi_group)
+        self._host = self._device = self._aux = self._mpi_group = None
 
     def abort(self) -> None:
         self._progress.stop()

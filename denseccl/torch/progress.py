@@ -251,8 +251,7 @@ class AsyncWork(dist.Work):
     def synchronize(self) -> None:
         self.wait()
 
-    def block_current_stream(self) -> None:
-        self.wait()
+    block_current_stream = synchronize
 
     def source_rank(self) -> int:
         if self._source is None:
