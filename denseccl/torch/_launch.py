@@ -26,7 +26,7 @@ from ..backends.base import abandon
 from ..backends.store import wait_for_keys
 from ..config import launched_by_mpi
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from ..wait import wait_until
+from ..wait import deadline_after, wait_until
 
 SCHEME = "denseccl"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -112,8 +112,7 @@ def arrive(store: Any, rank: int, size: int, timeout: Optional[float], what: str
     group's store); CollectiveTimeoutError after ``timeout`` seconds. Run before a blocking
     collective setup step, so that a member that never comes cannot hold the others forever."""
     store.set(f"denseccl/arrived/{rank}", b"1")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    wait_for_keys(store, [f"denseccl/arrived/{r}" for r in range(size)], deadline, what)
+    wait_for_keys(store, [f"denseccl/arrived/{r}" for r in range(size)], deadline_after(timeout), what)
 
 
 def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, bool]:

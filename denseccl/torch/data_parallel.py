@@ -41,14 +41,13 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[Devic
     if not tensors:
         return [[] for _ in devices]
     packed = buckets.pack(tensors)
-    count = len(tensors)
     copies: List[Any] = []
     for device in devices:
         if all(_same_device(t.device, device) for t in tensors) and not copies:
             copies.append(list(tensors))
             continue
         moved = [bucket.like(bucket.flat.to(device, non_blocking=True, copy=True)) for bucket in packed]
-        copies.append(buckets.unpacked(moved, count))
+        copies.append(buckets.unpacked(moved, len(tensors)))
     return copies
 
 

@@ -114,7 +114,7 @@ class GatherScatter:
                 targets = blocks()
                 for inp, outs in zip(inputs, targets):
                     _check_gather_list(inp, outs, self._group_size, what)
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
+            works = start_each([partial(comm.allgather, t, async_op=True) for t in inputs])
 
             def finish() -> Any:
                 for work, outs in zip(works, targets):
@@ -235,11 +235,7 @@ class GatherScatter:
                     raise LayoutError(not_dense_message("reduce_scatter_tensor input", inp))
                 view = stacked_view(inp, tuple(output.shape), size, "reduce_scatter_tensor input")
                 staged = not is_stacked(view, size)
-                if staged:
-                    stack = staging_stack(view, size)
-                    stack.copy_(view)
-                else:
-                    stack = view
+                stack = staging_stack(view, size).copy_(view) if staged else view
             direct = key_of(stack[0]) == key_of(output) and not overlap(output, stack)
             self.staged_operations += int(staged or not direct)
             work = comm.reduce_scatter(stack, op, out=output if direct else None, async_op=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from functools import partial
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -57,8 +58,6 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         #: How many operations had to stage through a copy (dim 0 not outermost, or an output
         #: whose layout differs from the moved blocks'); the rest moved the tensors' spans.
         self.staged_operations = 0
-        #: the members' global ranks in group-rank order; empty for the default group (torch's rule)
-        self._global_ranks = list(global_ranks)
         self._progress = Progress(f"denseccl-rank{rank}")
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
@@ -66,11 +65,11 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         self._aux: Any = None  # the engine of point-to-point and all-to-all (all_to_all_p2p)
         self._device: Optional[Communicator] = None
         self._names: dict = {}
-        self._setup_host()
+        self._setup_host(list(global_ranks))
 
     # -- setup -------------------------------------------------------------------------------
 
-    def _setup_host(self) -> None:
+    def _setup_host(self, global_ranks: List[int]) -> None:
         """The communicator that moves CPU tensors: MPI under an MPI launcher, else the gloo
         engine on this group's store; and the engine of all-to-all and send/recv."""
         if host_engine() == "gloo":
@@ -83,9 +82,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             )
             self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
             return
-        if self._global_ranks:  # MPI_Comm_create_group blocks until every member calls it
+        if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
             arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
-        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
+        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
         self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
         self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
 
@@ -216,7 +215,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 for t in tensors:
                     collective(t, *args, async_op=False)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: collective(t, *args, async_op=True) for t in tensors])  # type: ignore[misc]  # t=t binds each tensor
+            works = start_each([partial(collective, t, *args, async_op=True) for t in tensors])
             return works, lambda: tensors
 
         return self._run(what, opts, tensors[0].device, issue)
@@ -241,7 +240,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
                 packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
             with comm.flow.covered(descriptor):
-                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])  # type: ignore[misc]  # lambda t=t binds each tensor
+                works = start_each([partial(comm.allreduce, b.flat, op, async_op=True) for b in packed])
 
             def finish() -> List[torch.Tensor]:
                 buckets.unpack(packed, tensors)
