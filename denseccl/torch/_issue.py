@@ -12,7 +12,7 @@ start, the ones already started (which the peers started too) are waited for bef
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -44,18 +44,14 @@ def timeout_seconds(timeout: config.Seconds) -> Optional[float]:
     return config.seconds(timeout, "timeout") or None
 
 
-@contextlib.contextmanager
-def cuda_context(device: Optional[torch.device]) -> Iterator[None]:
+def cuda_context(device: Optional[torch.device]) -> ContextManager[Any]:
     """For CUDA tensors, make their device current (denseccl runs a torch tensor's device
     collective on torch's current stream of that device)."""
     if device is None or device.type != "cuda":
-        yield
-        return
-    with torch.cuda.device(device):
-        yield
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
-#: Starts an operation's steps; returns them with the finish that produces its result.
 Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
 
 

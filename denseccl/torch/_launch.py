@@ -117,10 +117,9 @@ def arrive(store: Any, rank: int, size: int, timeout: Optional[float], what: str
 
 def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, bool]:
     """The mpi4py communicator of a group's ranks, and whether it was created for a subgroup
-    (then the group frees it). ``global_ranks`` lists a subgroup's members in group-rank order
-    and is empty for the default group (as torch passes it), which is MPI's world: its size
-    must be MPI's. A subgroup's members may be any ranks, the first ``k`` included. Raises when
-    torch's ranks are not MPI's."""
+    (then the group frees it). ``global_ranks`` lists a subgroup's members (any ranks) in
+    group-rank order and is empty for the default group (as torch passes it), which is MPI's
+    world. Raises when torch's ranks are not MPI's."""
     from mpi4py import MPI  # noqa: PLC0415
 
     world = MPI.COMM_WORLD

@@ -45,8 +45,7 @@ class RequestStep:
 
     def is_completed(self) -> bool:
         # test once more after completion would overwrite the status (a recv's source)
-        if not self.completed and self.request.Test(self.status):
-            self.completed = True
+        self.completed = self.completed or self.request.Test(self.status)
         return self.completed
 
     def wait(self, timeout: Optional[float] = None) -> None:

@@ -7,11 +7,9 @@ logical order and unflattens row-major: a channels-last conv weight becomes a ro
 ``reduce_add_coalesced`` in the same way, arrives row-major and is copied once more by
 ``AccumulateGrad`` to obey the parameter's layout.
 
-Here both directions go through layout-preserving flat buckets (:mod:`denseccl.torch.buckets`):
-each tensor's storage span is one run of a bucket, so a replica is a view of the copied bucket
-with the original's strides, and the reduced gradients are views with the parameters' strides
-(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic: the same
-code runs (and is tested) on CPU devices.
+Here both directions go through the layout-preserving buckets of :mod:`.buckets`: a replica is
+a view with the original's strides, and the reduced gradients are views with the parameters'
+strides (which ``AccumulateGrad`` takes without a copy).
 """
 
 from __future__ import annotations

@@ -36,8 +36,7 @@ class GradLayoutViolation(NamedTuple):
 
 
 def expected_grad_strides(param: torch.Tensor) -> Tuple[int, ...]:
-    """The strides the contract asks of ``param``'s grad: the param's own when it is dense,
-    row-major otherwise."""
+    """The strides the contract (module docstring) asks of ``param``'s grad."""
     return tuple(param.stride()) if is_dense(param) else contiguous_strides(tuple(param.shape))
 
 

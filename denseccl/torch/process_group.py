@@ -108,8 +108,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def _device_communicator(self, device: torch.device) -> Communicator:
         """The NCCL communicator, created on the first CUDA collective (a collective step:
-        every rank gets here at the same call). It bootstraps over this group's MPI
-        communicator when the job was started by mpiexec, else over torch's store."""
+        every rank gets here at the same call), bootstrapped over MPI or torch's store."""
         if self._device is None:
             index = device.index if device.index is not None else torch.cuda.current_device()
             if self._mpi_group is not None:
@@ -154,9 +153,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         *,
         source_rank: Optional[Callable[[], int]] = None,
     ) -> dist.Work:
-        """Start an operation: ``issue()`` starts its steps and returns them with the finish
-        that produces the future's value. Synchronous callers (``opts.asyncOp`` false) get a
-        completed Work; the others an :class:`AsyncWork` that the progress thread completes."""
+        """Start the operation ``issue``; a synchronous caller (``opts.asyncOp`` false) gets a
+        completed Work, the others an :class:`AsyncWork` (see :mod:`.progress`)."""
         with cuda_context(device):
             steps, finish = issue()
         if not getattr(opts, "asyncOp", True) and source_rank is None:
@@ -289,8 +287,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> dist.Work:
-        """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r``. Runs row-major: a tensor
-        that is not row-major is staged through a contiguous copy."""
+        """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r`` (see :mod:`.all_to_all_p2p`)."""
         with self._arguments("all_to_all_single", output, input):
             opts = options(opts, _c10d.AllToAllOptions)
             host, engine = self._aux_comm([output, input], "all_to_all_single")
