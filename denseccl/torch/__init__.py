@@ -1,12 +1,8 @@
 """denseccl for PyTorch (docs/torch.md).
 
-Importing this package registers the ``"denseccl"`` backend of ``torch.distributed`` for the
-devices ``cpu`` (over MPI under an MPI launcher, else over the gloo engine) and ``cuda`` (over
-NCCL). Every collective then works on tensors of any non-overlapping dense layout, results keep
-the tensors' strides, a gapped tensor is refused, and ranks whose layouts differ all raise a
-``MismatchError`` instead of exchanging garbage.
-
-Also here: the Gradient Layout Contract tools (:func:`grad_layout_violations`,
+Importing this package registers the ``"denseccl"`` backend of ``torch.distributed`` for
+``cpu`` and ``cuda`` tensors of any non-overlapping dense layout (:mod:`.process_group`). Also
+here: the Gradient Layout Contract tools (:func:`grad_layout_violations`,
 :func:`enforce_grad_layout`, :func:`restride_grads`) and :class:`DataParallel`.
 """
 

@@ -12,12 +12,13 @@ start, the ones already started (which the peers started too) are waited for bef
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from .. import config
 from ..communicator import Communicator
+
 
 def as_list(tensors: Any) -> List[torch.Tensor]:
     """One tensor or a sequence of them, as a list."""
@@ -43,18 +44,14 @@ def timeout_seconds(timeout: config.Seconds) -> Optional[float]:
     return config.seconds(timeout, "timeout") or None
 
 
-@contextlib.contextmanager
-def cuda_context(device: Optional[torch.device]) -> Iterator[None]:
+def cuda_context(device: Optional[torch.device]) -> ContextManager[Any]:
     """For CUDA tensors, make their device current (denseccl runs a torch tensor's device
     collective on torch's current stream of that device)."""
     if device is None or device.type != "cuda":
-        yield
-        return
-    with torch.cuda.device(device):
-        yield
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
-#: Starts an operation's steps; returns them with the finish that produces its result.
 Issue = Callable[[], Tuple[List[Any], Callable[[], Any]]]
 
 
@@ -120,11 +117,10 @@ def one_step(
     """The steps and finish of a single-tensor operation whose result is ``output``: the work
     moved it there, or (staged) the finish copies the work's result into ``copy_into``
     (``output`` or a view of it)."""
-    if copy_into is None:
-        return [work], lambda: [output]
 
     def finish() -> List[torch.Tensor]:
-        copy_into.copy_(work.result)
+        if copy_into is not None:
+            copy_into.copy_(work.result)
         return [output]
 
     return [work], finish

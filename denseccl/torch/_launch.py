@@ -6,12 +6,8 @@ module builds, refusing with a message that says how to launch when torch's rank
 disagrees with MPI's. Any other launch (torchrun, ``mp.spawn``, env://, file://, tcp://) moves
 them over the gloo engine (denseccl/backends/gloo/transport.py), made from the group's own store.
 
-Under an MPI launcher the ``denseccl://`` rendezvous takes rank and world size from MPI, and
-rank 0 opens a ``TCPStore`` on a free port and announces it over MPI, so that
-``dist.init_process_group("denseccl")`` needs no other argument. It also answers ``env://``
-(torch's default) when ``MASTER_ADDR`` / ``MASTER_PORT`` are not set; with them set, or in any
-other launch, torch's own env:// runs unchanged. Every step honours the timeout: a rank that
-never calls it makes the others raise :class:`CollectiveTimeoutError`.
+Here too is the ``denseccl://`` rendezvous of an MPI launch, which also answers ``env://``
+without ``MASTER_ADDR`` / ``MASTER_PORT`` (docs/torch.md, Launching).
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from ..backends.base import abandon
 from ..backends.store import wait_for_keys
 from ..config import launched_by_mpi
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from ..wait import wait_until
+from ..wait import deadline_after, wait_until
 
 SCHEME = "denseccl"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -72,10 +68,9 @@ def _handler(url: str, timeout: datetime.timedelta = DEFAULT_TIMEOUT, **kwargs: 
     raise RuntimeError("denseccl:// cannot rendezvous again")
 
 
-def needs_mpi_rendezvous(environ: Optional[dict] = None) -> bool:
+def needs_mpi_rendezvous() -> bool:
     """An MPI launch without the env:// variables of a torchrun-style one."""
-    source = os.environ if environ is None else environ
-    return launched_by_mpi(source) and not (source.get("MASTER_ADDR") and source.get("MASTER_PORT"))
+    return launched_by_mpi() and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
 
 
 def register() -> None:
@@ -92,7 +87,6 @@ def register() -> None:
 
         env.denseccl = True  # type: ignore[attr-defined]
         handlers["env"] = env
-
 
 
 def host_engine() -> str:
@@ -118,16 +112,14 @@ def arrive(store: Any, rank: int, size: int, timeout: Optional[float], what: str
     group's store); CollectiveTimeoutError after ``timeout`` seconds. Run before a blocking
     collective setup step, so that a member that never comes cannot hold the others forever."""
     store.set(f"denseccl/arrived/{rank}", b"1")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    wait_for_keys(store, [f"denseccl/arrived/{r}" for r in range(size)], deadline, what)
+    wait_for_keys(store, [f"denseccl/arrived/{r}" for r in range(size)], deadline_after(timeout), what)
 
 
 def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, bool]:
     """The mpi4py communicator of a group's ranks, and whether it was created for a subgroup
-    (then the group frees it). ``global_ranks`` lists a subgroup's members in group-rank order
-    and is empty for the default group (as torch passes it), which is MPI's world: its size
-    must be MPI's. A subgroup's members may be any ranks, the first ``k`` included. Raises when
-    torch's ranks are not MPI's."""
+    (then the group frees it). ``global_ranks`` lists a subgroup's members (any ranks) in
+    group-rank order and is empty for the default group (as torch passes it), which is MPI's
+    world. Raises when torch's ranks are not MPI's."""
     from mpi4py import MPI  # noqa: PLC0415
 
     world = MPI.COMM_WORLD

@@ -34,11 +34,6 @@ def key_of(t: torch.Tensor) -> tuple:
     return layout_key(str(t.dtype).rpartition(".")[2], tuple(t.shape), t.stride())
 
 
-def block_key(stack: torch.Tensor) -> tuple:
-    """The layout key of one block ``stack[r]`` of a stacked view."""
-    return layout_key(str(stack.dtype).rpartition(".")[2], tuple(stack.shape[1:]), stack.stride()[1:])
-
-
 def composite_key(tensors: Sequence[torch.Tensor]) -> tuple:
     """One layout key standing for several tensors (dtypes, shapes and strides of each)."""
     keys = [key_of(t) for t in tensors]

@@ -45,8 +45,7 @@ class RequestStep:
 
     def is_completed(self) -> bool:
         # test once more after completion would overwrite the status (a recv's source)
-        if not self.completed and self.request.Test(self.status):
-            self.completed = True
+        self.completed = self.completed or self.request.Test(self.status)
         return self.completed
 
     def wait(self, timeout: Optional[float] = None) -> None:
@@ -103,7 +102,6 @@ class MPIEngine:
         return self._step(request, f"send to rank {dst}", source)
 
     def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
-        """The step, then (once it completed) the source rank and the bytes received."""
         source = self.mpi.ANY_SOURCE if src < 0 else src
         step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), "recv", target)
         return step, step.status.Get_source, lambda: step.status.Get_count(self.mpi.BYTE)
@@ -247,11 +245,8 @@ def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], input
         step = _alltoallv(engine, "all_to_all", source, target, agreed, inputs[0].element_size())
 
         def finish() -> List[torch.Tensor]:
-            offset = 0
-            for out in outputs:
-                n = out.numel()
-                out.copy_(target[offset : offset + n].view(out.shape))
-                offset += n
+            for out, received in zip(outputs, target.split(agreed["recv"])):
+                out.copy_(received.view(out.shape))
             return outputs
 
         return [step], finish

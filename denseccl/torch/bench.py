@@ -6,16 +6,12 @@ the figures. Run under either launcher (the backend then uses MPI or the gloo en
     torchrun --standalone --nproc-per-node 2 -m denseccl.torch.bench
 
 Rows, each a 64 MiB float32 channels-last allreduce unless said otherwise: ``direct`` (the
-group's own denseccl communicator, no torch.distributed), ``backend`` (``dist.all_reduce``
-through the denseccl backend), ``gloo`` (a gloo group of the same ranks), ``gloo-contiguous``
-(gloo on a row-major tensor, its best case), ``*-transposed`` (a transposed 2-D tensor) and
-``*-gather`` (all_gather_single into a channels-last output). A round is a barrier, then
-``iters`` calls back to back (the mean per call, averaged over ranks), all on one tensor except
-in ``*-distinct`` (a tensor of its own per call, made before the timing: a call on a new address
-cannot reuse what a call on the same tensor set up) and ``*-fresh`` (a tensor made inside the
-timed loop, its first touch included). ``faults`` is the minor page faults per call (the most of
-any rank, median of the rounds): a temporary as large as the tensor made per call shows there as
-thousands of pages, whatever the machine's load.
+group's own denseccl communicator), ``backend`` (``dist.all_reduce``), ``gloo`` (a gloo group
+of the same ranks), ``gloo-contiguous`` (gloo on a row-major tensor, its best case),
+``*-transposed`` (a transposed 2-D tensor), ``*-gather`` (all_gather_single into a channels-last
+output), ``*-distinct`` (a tensor of its own per call) and ``*-fresh`` (a tensor made inside the
+timed loop). A round is a barrier, then ``iters`` calls (the mean per call, averaged over
+ranks); ``faults``: minor page faults per call, the most of any rank (docs/torch.md says why).
 """
 
 from __future__ import annotations

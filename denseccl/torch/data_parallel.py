@@ -7,11 +7,9 @@ logical order and unflattens row-major: a channels-last conv weight becomes a ro
 ``reduce_add_coalesced`` in the same way, arrives row-major and is copied once more by
 ``AccumulateGrad`` to obey the parameter's layout.
 
-Here both directions go through layout-preserving flat buckets (:mod:`denseccl.torch.buckets`):
-each tensor's storage span is one run of a bucket, so a replica is a view of the copied bucket
-with the original's strides, and the reduced gradients are views with the parameters' strides
-(which ``AccumulateGrad`` takes without a copy). The functions are device-agnostic: the same
-code runs (and is tested) on CPU devices.
+Here both directions go through the layout-preserving buckets of :mod:`.buckets`: a replica is
+a view with the original's strides, and the reduced gradients are views with the parameters'
+strides (which ``AccumulateGrad`` takes without a copy).
 """
 
 from __future__ import annotations
@@ -41,14 +39,13 @@ def broadcast_coalesced(tensors: Sequence[torch.Tensor], devices: Sequence[Devic
     if not tensors:
         return [[] for _ in devices]
     packed = buckets.pack(tensors)
-    count = len(tensors)
     copies: List[Any] = []
     for device in devices:
         if all(_same_device(t.device, device) for t in tensors) and not copies:
             copies.append(list(tensors))
             continue
         moved = [bucket.like(bucket.flat.to(device, non_blocking=True, copy=True)) for bucket in packed]
-        copies.append(buckets.unpacked(moved, count))
+        copies.append(buckets.unpacked(moved, len(tensors)))
     return copies
 
 
@@ -110,9 +107,7 @@ class _Broadcast(torch.autograd.Function):
 def _broadcast(
     tensors: Sequence[torch.Tensor], devices: Sequence[torch.device], detach: bool
 ) -> List[List[torch.Tensor]]:
-    if not tensors:
-        return [[] for _ in devices]
-    if detach:
+    if detach or not tensors:
         with torch.no_grad():
             return broadcast_coalesced([t.detach() for t in tensors], devices)
     flat = _Broadcast.apply(list(devices), *tensors)
@@ -142,10 +137,10 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
     for j, mine in enumerate(replicas):
         for module, replica in zip(modules, mine):
             replica._former_parameters = OrderedDict()  # what DDP-style code reads, as torch does
+            # _replicate_for_data_parallel copied _modules and _buffers (None entries too) and
+            # emptied _parameters
             for key, child in module._modules.items():
-                if child is None:
-                    replica._modules[key] = None
-                else:
+                if child is not None:
                     setattr(replica, key, mine[module_index[id(child)]])
             for key, param in module._parameters.items():
                 if param is None:
@@ -155,9 +150,7 @@ def replicate(network: M, devices: Sequence[DeviceLike], detach: bool = False) -
                     setattr(replica, key, copy)  # not a leaf: a plain attribute, as in torch
                     replica._former_parameters[key] = copy
             for key, buf in module._buffers.items():
-                if buf is None:
-                    replica._buffers[key] = None
-                else:
+                if buf is not None:
                     setattr(replica, key, copies[id(buf)][j])
     return [mine[0] for mine in replicas]  # type: ignore[misc]
 

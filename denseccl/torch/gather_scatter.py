@@ -11,6 +11,7 @@ so they live in a mixin that :class:`~.process_group.ProcessGroupDenseCCL` inher
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, ContextManager, List, Sequence, Tuple
 
 import torch
@@ -22,7 +23,6 @@ from ..errors import ArgumentError, LayoutError
 from ..ops import OpLike, as_op
 from ._issue import Issue, as_list, chain, one_step, options, raising_everywhere, start_each
 from ._tensors import (
-    block_key,
     is_dense,
     is_stacked,
     key_of,
@@ -114,7 +114,7 @@ class GatherScatter:
                 targets = blocks()
                 for inp, outs in zip(inputs, targets):
                     _check_gather_list(inp, outs, self._group_size, what)
-            works = start_each([lambda t=t: comm.allgather(t, async_op=True) for t in inputs])  # type: ignore[misc]  # lambda t=t binds each tensor
+            works = start_each([partial(comm.allgather, t, async_op=True) for t in inputs])
 
             def finish() -> Any:
                 for work, outs in zip(works, targets):
@@ -148,7 +148,7 @@ class GatherScatter:
                         f"all_gather_into_tensor: output dtype {output.dtype} differs from input dtype {inp.dtype}"
                     )
                 view = stacked_view(output, tuple(inp.shape), size, "all_gather_into_tensor output")
-            if is_stacked(view, size) and block_key(view) == key_of(inp):
+            if is_stacked(view, size) and key_of(view[0]) == key_of(inp):
                 return one_step(comm.allgather(inp, out=view, async_op=True), output)
             work = comm.allgather(inp, async_op=True)
             self.staged_operations += 1
@@ -195,15 +195,10 @@ class GatherScatter:
                     for r, piece in enumerate(ins):
                         stack[r].copy_(piece)
                     stacks.append(stack)
-            starts = []
-            for out, stack in zip(outputs, stacks):
-                direct = is_dense(out)
-                starts.append(
-                    lambda out=out, stack=stack, direct=direct: comm.reduce_scatter(
-                        stack, op, out=out if direct else None, async_op=True
-                    )
-                )
-            works = start_each(starts)
+            targets = [out if is_dense(out) else None for out in outputs]
+            works = start_each(
+                [partial(comm.reduce_scatter, stack, op, out=out, async_op=True) for stack, out in zip(stacks, targets)]
+            )
 
             def finish() -> List[torch.Tensor]:
                 for out, work in zip(outputs, works):
@@ -240,12 +235,8 @@ class GatherScatter:
                     raise LayoutError(not_dense_message("reduce_scatter_tensor input", inp))
                 view = stacked_view(inp, tuple(output.shape), size, "reduce_scatter_tensor input")
                 staged = not is_stacked(view, size)
-                if staged:
-                    stack = staging_stack(view, size)
-                    stack.copy_(view)
-                else:
-                    stack = view
-            direct = block_key(stack) == key_of(output) and not overlap(output, stack)
+                stack = staging_stack(view, size).copy_(view) if staged else view
+            direct = key_of(stack[0]) == key_of(output) and not overlap(output, stack)
             self.staged_operations += int(staged or not direct)
             work = comm.reduce_scatter(stack, op, out=output if direct else None, async_op=True)
             return one_step(work, output, copy_into=None if direct else output)

@@ -36,8 +36,7 @@ class GradLayoutViolation(NamedTuple):
 
 
 def expected_grad_strides(param: torch.Tensor) -> Tuple[int, ...]:
-    """The strides the contract asks of ``param``'s grad: the param's own when it is dense,
-    row-major otherwise."""
+    """The strides the contract (module docstring) asks of ``param``'s grad."""
     return tuple(param.stride()) if is_dense(param) else contiguous_strides(tuple(param.shape))
 
 
@@ -51,16 +50,11 @@ def _violates(param: torch.Tensor, grad: torch.Tensor) -> bool:
 def grad_layout_violations(module: torch.nn.Module) -> List[GradLayoutViolation]:
     """Parameters of ``module`` whose ``.grad`` strides differ from the contract's (strides of
     size-1 dims are ignored; parameters without a grad, and sparse grads, are skipped)."""
-    found = []
-    for name, param in module.named_parameters():
-        grad = param.grad
-        if grad is not None and _violates(param, grad):
-            found.append(
-                GradLayoutViolation(
-                    name, tuple(param.shape), tuple(param.stride()), tuple(grad.stride()), expected_grad_strides(param)
-                )
-            )
-    return found
+    return [
+        GradLayoutViolation(name, tuple(p.shape), tuple(p.stride()), tuple(p.grad.stride()), expected_grad_strides(p))
+        for name, p in module.named_parameters()
+        if p.grad is not None and _violates(p, p.grad)
+    ]
 
 
 def _restride(param: torch.Tensor) -> bool:
@@ -103,10 +97,7 @@ def enforce_grad_layout(module: torch.nn.Module) -> GradLayoutHooks:
     """After every accumulation into a parameter's ``.grad`` (a post-accumulate-grad hook per
     parameter that requires grad), restride the grad to the parameter's layout if it broke the
     contract. Returns the hooks (``.remove()``, or use as a context manager)."""
-    handles = []
-    for param in module.parameters():
-        if param.requires_grad:
-            handles.append(param.register_post_accumulate_grad_hook(_restride_hook))
+    handles = [p.register_post_accumulate_grad_hook(_restride_hook) for p in module.parameters() if p.requires_grad]
     return GradLayoutHooks(handles)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from functools import partial
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -57,21 +58,18 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         #: How many operations had to stage through a copy (dim 0 not outermost, or an output
         #: whose layout differs from the moved blocks'); the rest moved the tensors' spans.
         self.staged_operations = 0
-        #: the members' global ranks in group-rank order; empty for the default group (torch's rule)
-        self._global_ranks = list(global_ranks)
         self._progress = Progress(f"denseccl-rank{rank}")
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
         self._host: Optional[Communicator] = None
         self._aux: Any = None  # the engine of point-to-point and all-to-all (all_to_all_p2p)
         self._device: Optional[Communicator] = None
-        self._host_problem: Optional[str] = None
         self._names: dict = {}
-        self._setup_host()
+        self._setup_host(list(global_ranks))
 
     # -- setup -------------------------------------------------------------------------------
 
-    def _setup_host(self) -> None:
+    def _setup_host(self, global_ranks: List[int]) -> None:
         """The communicator that moves CPU tensors: MPI under an MPI launcher, else the gloo
         engine on this group's store; and the engine of all-to-all and send/recv."""
         if host_engine() == "gloo":
@@ -84,9 +82,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             )
             self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
             return
-        if self._global_ranks:  # MPI_Comm_create_group blocks until every member calls it
+        if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
             arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
-        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, self._global_ranks)
+        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
         self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
         self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
 
@@ -101,8 +99,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             )
         kind = kinds.pop()
         if kind == "cpu":
-            if self._host is None:
-                raise DenseCCLError(self._host_problem or "denseccl: no communicator for CPU tensors")
+            if self._host is None:  # only after shutdown
+                raise DenseCCLError("this process group has been shut down")
             return self._host
         if kind == "cuda":
             return self._device_communicator(tensors[0].device)
@@ -110,8 +108,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def _device_communicator(self, device: torch.device) -> Communicator:
         """The NCCL communicator, created on the first CUDA collective (a collective step:
-        every rank gets here at the same call). It bootstraps over this group's MPI
-        communicator when the job was started by mpiexec, else over torch's store."""
+        every rank gets here at the same call), bootstrapped over MPI or torch's store."""
         if self._device is None:
             index = device.index if device.index is not None else torch.cuda.current_device()
             if self._mpi_group is not None:
@@ -156,9 +153,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         *,
         source_rank: Optional[Callable[[], int]] = None,
     ) -> dist.Work:
-        """Start an operation: ``issue()`` starts its steps and returns them with the finish
-        that produces the future's value. Synchronous callers (``opts.asyncOp`` false) get a
-        completed Work; the others an :class:`AsyncWork` that the progress thread completes."""
+        """Start the operation ``issue``; a synchronous caller (``opts.asyncOp`` false) gets a
+        completed Work, the others an :class:`AsyncWork` (see :mod:`.progress`)."""
         with cuda_context(device):
             steps, finish = issue()
         if not getattr(opts, "asyncOp", True) and source_rank is None:
@@ -174,8 +170,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
-    def name(self) -> str:
-        return BACKEND_NAME
+    name = getBackendName
 
     # a ProcessGroup without C++ backends keeps its name and description here (torch's base
     # class reads them from its backends)
@@ -199,16 +194,15 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     # -- elementwise collectives -------------------------------------------------------------
 
     def _per_tensor(
-        self, what: str, tensors: Any, opts: Any, kind: Any, bind: Callable[[Communicator, Any], Callable[..., Any]]
+        self, what: str, tensors: Any, opts: Any, kind: Any, read: Callable[[Any], Tuple[Any, ...]]
     ) -> dist.Work:
-        """One denseccl collective per tensor. ``bind(comm, opts)`` reads what the collective
-        takes from the options (op, root: a bad one fails on every rank, as any argument does)
-        and returns ``run(t, async_op)``."""
+        """``comm.<what>(t, *read(opts))`` for each tensor. ``read`` takes the collective's op
+        and root from the options: a bad one fails on every rank, as any argument does."""
         with self._arguments(what, tensors):
             opts = options(opts, kind)
             tensors = as_list(tensors)
-            comm = self._communicator(tensors, what)
-            run = bind(comm, opts)
+            collective = getattr(self._communicator(tensors, what), what)
+            args = read(opts)
 
         # a synchronous call on CPU tensors runs its collectives synchronously, so that a
         # repeated geometry runs its prepared call (calls.py)
@@ -217,19 +211,15 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
             if now:
                 for t in tensors:
-                    run(t, False)
+                    collective(t, *args, async_op=False)
                 return [], lambda: tensors
-            works = start_each([lambda t=t: run(t, True) for t in tensors])  # type: ignore[misc]  # t=t binds each tensor
+            works = start_each([partial(collective, t, *args, async_op=True) for t in tensors])
             return works, lambda: tensors
 
         return self._run(what, opts, tensors[0].device, issue)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op = as_op(opts.reduceOp)
-            return lambda t, async_op: comm.allreduce(t, op, async_op=async_op)
-
-        return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, bind)
+        return self._per_tensor("allreduce", tensors, opts, _c10d.AllreduceOptions, lambda o: (as_op(o.reduceOp),))
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> dist.Work:
         """One agreement on every tensor's layout, then one allreduce per (device, dtype) flat
@@ -248,7 +238,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 descriptor = Descriptor("allreduce_coalesced", None, str(op), composite_key(tensors))
                 packed = buckets.pack(tensors)  # a rank that cannot allocate the buckets fails everywhere
             with comm.flow.covered(descriptor):
-                works = start_each([lambda b=b: comm.allreduce(b.flat, op, async_op=True) for b in packed])  # type: ignore[misc]  # lambda t=t binds each tensor
+                works = start_each([partial(comm.allreduce, b.flat, op, async_op=True) for b in packed])
 
             def finish() -> List[torch.Tensor]:
                 buckets.unpack(packed, tensors)
@@ -259,18 +249,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         return self._run("allreduce_coalesced", opts, tensors[0].device, issue)
 
     def reduce(self, tensors: Any, opts: Any = None) -> dist.Work:
-        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            op, root = as_op(opts.reduceOp), opts.rootRank
-            return lambda t, async_op: comm.reduce(t, root, op, async_op=async_op)
-
-        return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, bind)
+        return self._per_tensor("reduce", tensors, opts, _c10d.ReduceOptions, lambda o: (o.rootRank, as_op(o.reduceOp)))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
-        def bind(comm: Communicator, opts: Any) -> Callable[..., Any]:
-            root = opts.rootRank
-            return lambda t, async_op: comm.broadcast(t, root, async_op=async_op)
-
-        return self._per_tensor("broadcast", tensors, opts, _c10d.BroadcastOptions, bind)
+        return self._per_tensor("broadcast", tensors, opts, _c10d.BroadcastOptions, lambda o: (o.rootRank,))
 
     # -- barrier -----------------------------------------------------------------------------
 
@@ -293,8 +275,8 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 f"{what} on {tensors[0].device.type} tensors is not supported by the denseccl backend: denseccl has "
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
-        if self._host is None or self._aux is None:
-            raise DenseCCLError(self._host_problem or f"denseccl: no engine for {what}")
+        if self._host is None or self._aux is None:  # only after shutdown
+            raise DenseCCLError("this process group has been shut down")
         return self._host, self._aux
 
     def all_to_all_single(
@@ -305,8 +287,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         input_split_sizes: Sequence[int],
         opts: Any = None,
     ) -> dist.Work:
-        """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r``. Runs row-major: a tensor
-        that is not row-major is staged through a contiguous copy."""
+        """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r`` (see :mod:`.all_to_all_p2p`)."""
         with self._arguments("all_to_all_single", output, input):
             opts = options(opts, _c10d.AllToAllOptions)
             host, engine = self._aux_comm([output, input], "all_to_all_single")
@@ -359,20 +340,17 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             if comm is not None:
                 with contextlib.suppress(Exception):
                     comm.close()
-        self._host = self._device = None
         if not finished:  # a request given up on may still use them: kept, never freed
             abandon(self._mpi_group, self._aux)
-        elif self._mpi_group is not None:
-            from mpi4py import MPI  # noqa: PLC0415
-
-            if not MPI.Is_finalized() and self._owns_mpi_group and self._mpi_group != MPI.COMM_NULL:
-                with contextlib.suppress(Exception):
-                    self._mpi_group.Free()
-        if self._aux is not None and finished:
+        elif self._aux is not None:
             with contextlib.suppress(Exception):
                 self._aux.free()
-        self._aux = self._mpi_group = None
-        self._host_problem = "this process group has been shut down"
+            if self._owns_mpi_group:
+                from ..backends.mpi.control import free_comm  # noqa: PLC0415 - only under an MPI launch
+
+                with contextlib.suppress(Exception):
+                    free_comm(self._mpi_group)
+        self._host = self._device = self._aux = self._mpi_group = None
 
     def abort(self) -> None:
         self._progress.stop()

@@ -55,10 +55,8 @@ def new_future(device: Optional[torch.device]) -> torch.futures.Future:
 class Progress:
     """Completes the futures of one process group's operations, in a daemon thread started on
     the first asynchronous operation. It polls while operations are in flight (MPI progresses
-    only inside MPI calls, so polling also moves the data of long transfers along): it yields
-    the core for ``config.PROGRESS_SPIN_SECONDS`` after an operation was submitted or completed,
-    then sleeps ``config.PROGRESS_POLL_SECONDS`` between polls, ten times longer once nothing
-    happened for ``config.PROGRESS_QUIET_SECONDS``."""
+    only inside MPI calls, so polling also moves the data of long transfers along), at the pace
+    the ``config.PROGRESS_*_SECONDS`` constants set."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -251,8 +249,7 @@ class AsyncWork(dist.Work):
     def synchronize(self) -> None:
         self.wait()
 
-    def block_current_stream(self) -> None:
-        self.wait()
+    block_current_stream = synchronize
 
     def source_rank(self) -> int:
         if self._source is None:

@@ -1,9 +1,6 @@
-"""torch.distributed's single-tensor gather and reduce-scatter under their current names.
-
-torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
-``all_gather_single`` / ``reduce_scatter_single`` and deprecates the old names (each call warns);
-older torch has only the old ones. denseccl's own callers (its benchmarks) take them from here,
-so that no deprecation warning comes from denseccl on any torch it supports.
+"""torch.distributed's single-tensor gather and reduce-scatter under torch 2.13's names, or the
+old ones on older torch (docs/torch.md, Both spellings): denseccl's own callers take them from
+here, so that no deprecation warning comes from denseccl on any torch it supports.
 """
 
 from __future__ import annotations
