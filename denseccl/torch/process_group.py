@@ -205,7 +205,7 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             args = read(opts)
 
         # a synchronous call on CPU tensors runs its collectives synchronously, so that a
-        # repeated geometry runs its prepared call (calls.py)
+        # repeated geometry runs its prepared call (flow.py)
         now = not getattr(opts, "asyncOp", True) and all(t.device.type == "cpu" for t in tensors)
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
