@@ -99,12 +99,16 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
             )
         kind = kinds.pop()
         if kind == "cpu":
-            if self._host is None:  # only after shutdown
-                raise DenseCCLError("this process group has been shut down")
-            return self._host
+            return self._live_host()
         if kind == "cuda":
             return self._device_communicator(tensors[0].device)
         raise ArgumentError(f"{what}: tensors on {kind} are not supported by the denseccl backend (cpu and cuda are)")
+
+    def _live_host(self) -> Communicator:
+        """The host communicator; every group has one until :meth:`shutdown`."""
+        if self._host is None:
+            raise DenseCCLError("this process group has been shut down")
+        return self._host
 
     def _device_communicator(self, device: torch.device) -> Communicator:
         """The NCCL communicator, created on the first CUDA collective (a collective step:
@@ -257,13 +261,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
     # -- barrier -----------------------------------------------------------------------------
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        opts = options(opts, _c10d.BarrierOptions)
-        if self._host is not None:
-            comm = self._host
-        else:
-            device = getattr(opts, "device", None) or torch.device("cuda", torch.cuda.current_device())
-            comm = self._device_communicator(device)
-        comm.barrier()
+        """On the host communicator, which every group has (a barrier orders hosts, not streams)."""
+        options(opts, _c10d.BarrierOptions)
+        self._live_host().barrier()
         return completed_work([])
 
     # -- outside denseccl's core: all-to-all and point-to-point, on this group's engine --------
@@ -275,9 +275,9 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
                 f"{what} on {tensors[0].device.type} tensors is not supported by the denseccl backend: denseccl has "
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
-        if self._host is None or self._aux is None:  # only after shutdown
-            raise DenseCCLError("this process group has been shut down")
-        return self._host, self._aux
+        host = self._live_host()
+        assert self._aux is not None  # made with the host communicator, dropped with it
+        return host, self._aux
 
     def all_to_all_single(
         self,

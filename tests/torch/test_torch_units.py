@@ -117,6 +117,22 @@ def test_one_rank_group_without_mpi_launch_runs_on_the_gloo_engine(without_mpi_l
     pg.shutdown()
 
 
+
+def test_calls_after_shutdown_say_the_group_was_shut_down(without_mpi_launch):
+    """After shutdown every call names the reason, a barrier included (it must not go looking
+    for a GPU communicator instead)."""
+    pg = ProcessGroupDenseCCL(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+    pg.shutdown()
+    calls = {
+        "barrier": lambda: pg.barrier(),
+        "allreduce": lambda: pg.allreduce([torch.ones(3)]),
+        "send": lambda: pg.send([torch.ones(3)], 0, 0),
+    }
+    for name, call in calls.items():
+        with pytest.raises(denseccl.DenseCCLError, match="this process group has been shut down"):
+            call()
+            pytest.fail(f"{name} ran after shutdown")
+
 def test_arguments_that_are_not_layouts_raise_argument_error(without_mpi_launch):
     """A wrong list length, device or tensor count is an ArgumentError naming the argument; a
     layout (an output of another shape, a gapped tensor) stays a LayoutError."""
