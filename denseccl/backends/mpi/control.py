@@ -103,8 +103,9 @@ class MPIControl(ControlChannel):
         def done() -> bool:
             if test():
                 return True
-            if MPIControl.peer_gave_up(self) is not None:  # MPI's notes, on a board's channel too
-                raise peer_gave_up_error(self._gave_up)  # type: ignore[arg-type]
+            rank = self._note()  # MPI's notes, on a board's channel too
+            if rank is not None:
+                raise peer_gave_up_error(rank)
             return False
 
         try:
@@ -127,6 +128,10 @@ class MPIControl(ControlChannel):
             os.sched_yield()
 
     def peer_gave_up(self) -> Optional[int]:
+        return self._note()
+
+    def _note(self) -> Optional[int]:
+        """The rank whose "gave up" note arrived on this communicator, or None."""
         if self._gave_up is None and self._iprobe(MPI.ANY_SOURCE, GAVE_UP_TAG, self._status):
             self._gave_up = self._status.Get_source()
         return self._gave_up
