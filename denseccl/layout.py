@@ -82,10 +82,12 @@ class Layout:
     def __init__(self, shape: Sequence[int], strides: Sequence[int], itemsize: int, dtype: str) -> None:
         shape, strides = tuple(shape), tuple(strides)
         numel = prod(shape)
-        dense = is_non_overlapping_and_dense(shape, strides)
-        span = (span_start(shape, strides), numel)
-        values = (shape, strides, itemsize, dtype, numel, dense, span, layout_key(dtype, shape, strides))
-        for name, value in zip(self.__slots__, values):  # in the order of __slots__
+        fields = {
+            "shape": shape, "strides": strides, "itemsize": itemsize, "dtype": dtype, "numel": numel,
+            "is_dense": is_non_overlapping_and_dense(shape, strides), "span": (span_start(shape, strides), numel),
+            "key": layout_key(dtype, shape, strides),
+        }
+        for name, value in fields.items():
             object.__setattr__(self, name, value)
 
     shape: Shape
