@@ -89,14 +89,14 @@ def probe(comm) -> None:
     check(np.all(cupy_to_host(x) == comm.size), f"probe: {cupy_to_host(x)}")
     from cupy.cuda import nccl
 
-    from denseccl.backends.nccl.init import version_string
+    from denseccl.backends.nccl.tables import version_string
 
     emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device,
          nccl=version_string(nccl.get_version()), hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
 
 
 def run_matrix(comm) -> None:
-    from denseccl.backends.nccl.init import FP8_SINCE
+    from denseccl.backends.nccl.tables import FP8_SINCE
 
     started = time.monotonic()
     report = matrix.run_matrix(comm, matrix.device_libs(comm, fp8=comm.transport.version >= FP8_SINCE))

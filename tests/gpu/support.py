@@ -66,7 +66,7 @@ def torch_cuda() -> Any:
 def fp8_reduction_problem(transport: Any) -> Optional[str]:
     """Why ``transport`` (an NCCLTransport) cannot reduce fp8, or None: NCCL has fp8 types from
     2.24 on (a torch CUDA 12 build can pin an older NCCL) and reduces them on sm90 and newer."""
-    from denseccl.backends.nccl.init import FP8_REDUCTION_CAPABILITY, FP8_SINCE, version_string
+    from denseccl.backends.nccl.tables import FP8_REDUCTION_CAPABILITY, FP8_SINCE, version_string
 
     if transport.version < FP8_SINCE:
         return f"NCCL {version_string(transport.version)} has no fp8 types (NCCL >= {version_string(FP8_SINCE)})"

@@ -42,7 +42,7 @@ import pytest
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import transport as nccl
 from denseccl.backends.nccl.transport import CudaStreams
-from denseccl.backends.nccl.init import version_code
+from denseccl.backends.nccl.tables import version_code
 
 VERSION = version_code(2, 27, 3)
 

@@ -88,7 +88,7 @@ def test_gpu_matrix_asks_the_library_which_ops_run(size, monkeypatch):
 def test_the_gpu_fp8_test_skips_where_the_library_refuses_fp8(version, capability, skip):
     """test_one_rank_fp8_avg_and_premul skipped on a GPU below sm90 only; on NCCL < 2.24 (which a
     torch CUDA 12 build can pin) the library refuses fp8 reductions too, so it must skip there."""
-    from denseccl.backends.nccl.init import version_code
+    from denseccl.backends.nccl.tables import version_code
     from tests.gpu.support import fp8_reduction_problem
 
     code = version if isinstance(version, int) else version_code(*map(int, version.split(".")))

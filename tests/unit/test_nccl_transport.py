@@ -22,7 +22,7 @@ from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorB
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import transport as nccl_events
-from denseccl.backends.nccl import init as nccl_tables
+from denseccl.backends.nccl import tables as nccl_tables
 from denseccl.backends.store import SoloControl
 from tests.unit.test_nccl_fakes import COLLECTED, VERSION, S, make
 

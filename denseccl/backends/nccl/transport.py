@@ -6,7 +6,7 @@ enqueues device work or frees an NCCL communicator, so the rules that keep that 
 together here (docs/nccl.md says what users see of them):
 
 - What NCCL lacks is mapped onto what it has, never by an extra pass over the data (the tables
-  are :mod:`.init`'s): complex as pairs of reals, bool as uint8 with sum/prod as max/min,
+  are :mod:`.tables`'): complex as pairs of reals, bool as uint8 with sum/prod as max/min,
   ``PreMulSum`` as NCCL's own op made once per ``(factor, dtype)``, bytes for what NCCL cannot
   reduce; with one rank fp8 avg runs as a sum (NCCL has no one-rank fp8 scaling).
 - CUDA through CuPy's own objects (:class:`CudaStreams`; the ``cupy`` module is passed in, so
@@ -40,15 +40,15 @@ from ...ops import Op, PreMulSum, ReduceOp, op_kind
 from ...streams import StreamRef, current_stream_pointer, stream_pointer
 from ...wait import deadline_after, wait_until
 from ..base import Pending, Transport, abandon
-from .init import (
-    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_OPS, SPLIT_SINCE, UINT8, NCCLLibrary, builtin_op,
-    check_op, elements, nccl_dtypes, premul_scalar, reducible_dtypes, version_string,
+from .library import NCCLLibrary
+from .tables import (
+    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_INVALID_ARGUMENT, NCCL_OPS, SPLIT_SINCE, UINT8,
+    builtin_op, check_op, elements, nccl_dtypes, premul_scalar, reducible_dtypes, version_string,
 )
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
 CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
-NCCL_INVALID_ARGUMENT = 4  # ncclInvalidArgument: refused by the argument checks, before any enqueue
 
 #: (id of the cupy module, device) -> (that module, the streams seen capturing there whose capture
 #: may still run): process-wide, since a capture is invalidated by a query from any thread
