@@ -36,6 +36,7 @@ def solo(monkeypatch):
     monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
     monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
     transport, fake, cuda, library = make(size=1, current=55, version=FP8_VERSION)
+    cuda.alive |= set(range(66, 71))  # the streams the tests pass
     communicator = Communicator(transport, SoloControl(), timeout=5.0)
     communicator.fake, communicator.cuda = fake, cuda
     yield communicator
@@ -372,15 +373,21 @@ def test_async_error_is_polled_while_a_call_is_inside():
 
 
 def test_close_waits_for_a_call_inside_nccl():
-    transport, comm, _, _ = make()
+    """close() refuses new calls at once, lets the call inside NCCL return and its work
+    complete, then destroys the communicator."""
+    transport, comm, _, _ = make(grace=10)
     thread, gate, _ = _call_in_thread(transport, comm)
-    transport.close()
-    assert not comm.destroyed
+    closing = threading.Thread(target=transport.close)
+    closing.start()
+    assert wait_for(lambda: transport._closed)
     with pytest.raises(DenseCCLError, match="closed"):
         transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    time.sleep(0.1)
+    assert not comm.destroyed and closing.is_alive()
     gate.set()
     thread.join(5)
-    assert comm.destroyed and not comm.freed_while_inside
+    closing.join(5)
+    assert comm.destroyed and not comm.freed_while_inside and not closing.is_alive()
 
 
 def test_many_threads_and_an_abort():

@@ -23,6 +23,7 @@ from ... import config
 from ...communicator import Communicator
 from ...errors import DenseCCLError
 from ..rendezvous import env_int, env_launch, env_store, store_namespace
+from .tables import NCCL_IN_PROGRESS, in_progress_error, nccl_status
 
 INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
 UNIQUE_ID_BYTES = 128
@@ -146,8 +147,14 @@ def cupy_wants_bytes(version: str) -> bool:
 
 
 def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_version: str) -> Any:
-    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes."""
-    return factory(size, raw if cupy_wants_bytes(cupy_version) else unique_id_tuple(raw), rank)
+    """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes. A
+    non-blocking communicator (ncclInProgress, which CuPy cannot name) is refused clearly."""
+    try:
+        return factory(size, raw if cupy_wants_bytes(cupy_version) else unique_id_tuple(raw), rank)
+    except KeyError as error:
+        if nccl_status(error) == NCCL_IN_PROGRESS:
+            raise in_progress_error("ncclCommInitRank") from None
+        raise
 
 
 def pick_device(local_rank: Optional[int], rank: int, count: int) -> int:

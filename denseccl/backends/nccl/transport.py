@@ -42,8 +42,9 @@ from ...wait import deadline_after, wait_until
 from ..base import Pending, Transport, abandon
 from .library import NCCLLibrary
 from .tables import (
-    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_INVALID_ARGUMENT, NCCL_OPS, SPLIT_SINCE, UINT8,
-    builtin_op, check_op, elements, nccl_dtypes, premul_scalar, reducible_dtypes, version_string,
+    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_IN_PROGRESS, NCCL_INVALID_ARGUMENT, NCCL_OPS,
+    SPLIT_SINCE, UINT8, builtin_op, check_op, elements, in_progress_error, nccl_dtypes, nccl_status, premul_scalar,
+    reducible_dtypes, version_string,
 )
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
@@ -145,8 +146,10 @@ class CudaStreams:
 
     def capture_in_progress(self) -> bool:
         """Whether a capture that a call on this device has seen is still running (any
-        thread's, any communicator's); captures found ended are forgotten. Never raises: a
-        stream whose capture cannot be asked about (invalidated, not yet ended) still counts."""
+        thread's, any communicator's); captures found ended are forgotten, and so are streams
+        that no longer exist (destroyed after their capture: CUDA then refuses the handle).
+        Never raises: a capture that cannot be asked about (invalidated, not yet ended) still
+        counts."""
         with _CAPTURES_LOCK:
             streams = list(self._captures)
         if not streams:
@@ -157,8 +160,10 @@ class CudaStreams:
                 with self._cupy.cuda.Device(self.device):
                     if not self.stream(pointer).is_capturing():
                         ended.add(pointer)
-            except Exception:  # noqa: BLE001 - an invalidated capture still runs until it is ended
-                continue
+            except Exception as error:  # noqa: BLE001 - CuPy raises RuntimeError or CUDARuntimeError
+                if not _capture_still_runs(error):
+                    ended.add(pointer)
+                    self._streams.pop(pointer, None)  # a new stream may get this handle
         with _CAPTURES_LOCK:
             self._captures.difference_update(ended)
         return len(ended) < len(streams)
@@ -181,6 +186,17 @@ class CudaStreams:
         """Device memory of ``nbytes`` (an object with ``.ptr``; freed when dropped)."""
         with self._cupy.cuda.Device(self.device):
             return self._cupy.cuda.alloc(nbytes)
+
+
+def _capture_still_runs(error: BaseException) -> bool:
+    """Whether ``Stream.is_capturing`` raising ``error`` leaves the capture running: an
+    invalidated capture (CuPy's RuntimeError, which has no status) runs until it is ended, and
+    a capture error (cudaErrorStreamCapture*) is about a capture. Any other status (e.g.
+    cudaErrorInvalidResourceHandle) says the stream itself is gone, and its capture with it."""
+    status = getattr(error, "status", None)
+    if status is None:
+        return "invalidated" in str(error)
+    return status in CUDA_CAPTURE_ERRORS
 
 
 # -- the watchdog ----------------------------------------------------------------------------------
@@ -336,11 +352,15 @@ class NCCLPending(Pending):
 
     def _finished(self) -> bool:
         """Whether the call completed or the communicator failed; a CUDA error while asking
-        (sticky) aborts the communicator."""
+        (sticky) aborts the communicator. While a capture seen on the device runs, "not yet":
+        in global capture mode the query would invalidate it (every poller asks here: the
+        flow's orphans, ``Work.is_completed``, the torch adapter's progress thread)."""
         transport = self._transport
         if transport._failure is not None:
             return True
         try:
+            if transport.events.capture_in_progress():
+                return False
             return bool(transport.events.done(self._event))
         except Exception as error:  # noqa: BLE001 - CuPy raises CUDARuntimeError
             transport.abort(f"checking NCCL work failed: {type(error).__name__}: {error}", timed_out=False)
@@ -485,6 +505,8 @@ class NCCLTransport(Transport):
             try:
                 self.comm.check_async_error()
             except Exception as error:  # noqa: BLE001 - cupy raises NcclError
+                if nccl_status(error) == NCCL_IN_PROGRESS:
+                    return None  # an operation still running (CuPy's KeyError for the status it cannot name)
                 return f"NCCL reported an asynchronous error: {error}"
         return None
 
@@ -606,11 +628,14 @@ class NCCLTransport(Transport):
                     entry.cancelled = True
                 if self._failure is not None and isinstance(error, Exception):
                     self.raise_if_failed()  # released by the abort: its reason, not NCCL's words for it
-                if getattr(error, "status", None) == NCCL_INVALID_ARGUMENT:
+                status = nccl_status(error)
+                if status == NCCL_INVALID_ARGUMENT:
                     raise ArgumentError(
                         f"NCCL refused the arguments of {what} ({error}); it enqueued nothing and the communicator "
                         "stays usable. Run with NCCL_DEBUG=WARN to see which argument"
                     ) from error
+                if status == NCCL_IN_PROGRESS:  # CuPy raised KeyError: its table of names stops at 6
+                    raise in_progress_error(f"nccl {what}") from None
                 raise
             if entry is not None:
                 entry.event = event
@@ -698,6 +723,10 @@ class NCCLTransport(Transport):
         self._enter()
         try:
             part = split(-1 if color is None else color, key)
+        except KeyError as error:
+            if nccl_status(error) == NCCL_IN_PROGRESS:
+                raise in_progress_error("ncclCommSplit") from None
+            raise
         finally:
             self._leave()
         if part is None:
@@ -711,22 +740,48 @@ class NCCLTransport(Transport):
         """Close while work may still run (a Work in flight or abandoned): stop watching and refuse
         new calls, but keep the communicator, its PreMulSum ops and the scratch for the process's
         life; ncclCommDestroy (or CuPy, on garbage collection) would free what running kernels use."""
-        if self._closed:
-            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._keep()
+
+    def _keep(self) -> None:
         self._watchdog.close()
         with self._lock:
-            self._closed = True
             self._deferred = None if self._deferred == "destroy" else self._deferred
         abandon(self.comm, self._scratch)
 
     def close(self) -> None:
         """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left);
-        a call still inside NCCL in another thread is let finish first."""
-        if self._closed:
-            return
+        new calls are refused at once, and a call still inside NCCL in another thread is let
+        finish first. ncclCommDestroy waits for the communicator's kernels, forever when a peer
+        is gone: so the eager calls enqueued are waited for first, at most ``timeout`` s, and the
+        communicator is then aborted (as the watchdog does), or with no timeout retired after
+        ``abort_grace`` s (kept for the process's life). Captured calls are the graph owner's:
+        their replays must have completed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._failure is None and not self._watchdog.wait_idle(self._close_wait()):
+            if self.timeout is None:
+                log.warning(
+                    "close(): NCCL work enqueued on this communicator had not completed after %g s; ncclCommDestroy "
+                    "would wait for it (forever if a peer is gone), so the communicator is kept for the process's "
+                    "life instead (retired). Give the communicator a timeout to abort it",
+                    self._abort_grace,
+                )
+                self._keep()
+                return
+            reason = (
+                f"close(): NCCL work enqueued on this communicator did not complete within {self.timeout:g} s; "
+                "the NCCL communicator was aborted (ncclCommDestroy would wait for that work)"
+            )
+            log.warning("%s", reason)
+            self.abort(reason, timed_out=True)
         self._watchdog.close()
         with self._lock:
-            self._closed = True
             if self._failure is None:
                 if self._inside:
                     self._deferred = "destroy"
@@ -734,5 +789,8 @@ class NCCLTransport(Transport):
                     self._release("destroy")
         self._scratch = None
 
+    def _close_wait(self) -> float:
+        """Seconds close() waits for the eager calls in flight to complete."""
+        return self._abort_grace if self.timeout is None else self.timeout
 
 __all__ = ["CudaStreams", "NCCLPending", "NCCLTransport", "Watchdog"]
