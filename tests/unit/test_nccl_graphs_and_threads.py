@@ -465,7 +465,7 @@ class _FakeTensor:
         return False
 
     def record_stream(self, stream):
-        self.recorded.append(stream.pointer)
+        self.recorded.append(stream.cuda_stream)
 
 
 @pytest.fixture()
@@ -484,12 +484,34 @@ def torch_like(solo, monkeypatch):
             return real_as_buffer(HostCAI(x.array))._replace(library="torch", owner=x)
         return real_as_buffer(x)
 
-    cuda = SimpleNamespace(ExternalStream=lambda pointer, device: SimpleNamespace(pointer=pointer, device=device))
+    cuda = SimpleNamespace(ExternalStream=_external_stream, default_stream=lambda device: _torch_stream(0, device))
     monkeypatch.setattr(communicator_module, "as_buffer", as_buffer)
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, Tensor=type(None)))
     streams._torch_stream.cache_clear()  # the fake streams made here must not outlive the test
     yield solo
     streams._torch_stream.cache_clear()
+
+
+_POOL = iter(range(0x5000, 0x6000))
+
+
+def _torch_stream(pointer, device):
+    return SimpleNamespace(cuda_stream=pointer, device=device)
+
+
+def _external_stream(stream_ptr, device=None):
+    """torch.cuda.ExternalStream: torch's Stream(stream_ptr=...), which takes a null pointer as
+    "none given" and hands out a stream from its pool (THCPStream_pynew)."""
+    return _torch_stream(stream_ptr or next(_POOL), device)
+
+
+def test_torch_tensors_on_the_default_stream_are_recorded_on_it(torch_like):
+    """Handle 0 is torch's default stream: recording there must name that stream, not a pool
+    stream (which would delay the reuse of the tensor's memory for nothing)."""
+    x = _FakeTensor(np.ones(6, np.float32))
+    torch_like.allreduce(x, stream=0)
+    torch_like.broadcast(x, 0, stream=0)
+    assert x.recorded == [0, 0]
 
 
 def test_torch_tensors_on_another_stream_are_recorded_there(torch_like):
