@@ -290,7 +290,7 @@ class FakeCuda:
         self.broken_query = False
         self.capability = "90"
         self.queries = 0
-        self.capture_mode = "global"  # cudaStreamCaptureModeGlobal, CuPy's and torch's default
+        self.capture_mode = "global"  # cudaStreamCaptureModeGlobal: torch.cuda.graph's default
         self.blocked: Dict[int, Tuple[threading.Event, float]] = {}  # stream -> host function (gate, until)
         self.alive: set = {0, current, S.pointer}  # the streams that exist (0: the legacy stream)
         world = self
