@@ -105,6 +105,23 @@ def test_close_without_timeout_retires_work_still_running(caplog):
         gate.set()
 
 
+def test_close_during_a_capture_retires_instead_of_aborting(caplog):
+    """While a capture runs on the device nothing may be asked of the eager work (the watchdog
+    is paused too): close() cannot tell a late call from a finished one, and aborting could
+    break the graph being captured, so it keeps the communicator."""
+    transport, comm, cuda, _ = make(timeout=1.0)
+    cuda.auto_done = False
+    transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    cuda.capture_mode = "relaxed"
+    cuda.alive.add(88)
+    cuda.capturing.add(88)
+    transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, StreamRef(88, "cupy", 0))  # the gate closes
+    with caplog.at_level(logging.WARNING, logger="denseccl"):
+        returned, took = _close_within(transport.close, 10)
+    assert returned and took < 5 and not comm.aborted and not comm.destroyed
+    assert "during a CUDA graph capture" in caplog.text and transport._closed
+
+
 def test_close_destroys_once_the_work_completed():
     transport, comm, cuda, _ = make(timeout=5.0)
     gate = cuda.block(S.pointer, FOREVER)

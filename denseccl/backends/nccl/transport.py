@@ -757,20 +757,23 @@ class NCCLTransport(Transport):
         new calls are refused at once, and a call still inside NCCL in another thread is let
         finish first. ncclCommDestroy waits for the communicator's kernels, forever when a peer
         is gone: so the eager calls enqueued are waited for first, at most ``timeout`` s, and the
-        communicator is then aborted (as the watchdog does), or with no timeout retired after
-        ``abort_grace`` s (kept for the process's life). Captured calls are the graph owner's:
-        their replays must have completed."""
+        communicator is then aborted (as the watchdog does), or retired (kept for the process's
+        life) where there is no timeout (after ``abort_grace`` s) or a CUDA graph capture on the
+        device forbids asking. Captured calls are the graph owner's: their replays must have
+        completed."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         if self._failure is None and not self._watchdog.wait_idle(self._close_wait()):
-            if self.timeout is None:
+            capturing = self.events.capture_in_progress()  # then its work cannot be asked about
+            if self.timeout is None or capturing:
                 log.warning(
-                    "close(): NCCL work enqueued on this communicator had not completed after %g s; ncclCommDestroy "
-                    "would wait for it (forever if a peer is gone), so the communicator is kept for the process's "
-                    "life instead (retired). Give the communicator a timeout to abort it",
-                    self._abort_grace,
+                    "close(): NCCL work enqueued on this communicator %s after %g s; ncclCommDestroy would wait for "
+                    "it (forever if a peer is gone), so the communicator is kept for the process's life instead "
+                    "(retired)%s",
+                    "could not be asked about during a CUDA graph capture" if capturing else "had not completed",
+                    self._close_wait(), "" if capturing else ". Give the communicator a timeout to abort it",
                 )
                 self._keep()
                 return
