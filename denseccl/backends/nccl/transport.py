@@ -13,14 +13,20 @@ together here (docs/nccl.md says what users see of them):
   the CPU tests run this code on strict fakes): an event after each call, read through
   ``cudaEventQuery``'s status, since ``Event.done`` reads a sticky error as "not done".
   :class:`NCCLPending` orders the caller's stream or blocks the host.
-- CUDA graphs: a captured call gets no watchdog entry and its event is never queried; in global
-  capture mode no watchdog of that device queries while a capture it has seen still runs, and
-  ``wait_idle`` is the wait for the last eager query that a caller makes before a capture.
+- CUDA graphs: a captured call gets no watchdog entry and its event is never queried; while a
+  capture seen on the device still runs, no event of that device is queried at all (global
+  capture mode: the watchdogs and every poll of :class:`NCCLPending` wait), a stream CUDA no
+  longer knows counts as ended, and ``wait_idle`` is the wait for the last eager query that a
+  caller makes before a capture.
 - :class:`Watchdog`: one daemon thread per transport, as in torch's ProcessGroupNCCL, aborts on a
   call unfinished ``timeout`` s after it was enqueued or an asynchronous NCCL error.
 - Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they wait for the
   calls inside NCCL (which count themselves in and out), an abort at most ``abort_grace``;
   ``retire`` keeps the communicator alive while work may still run on it.
+- Close: ``ncclCommDestroy`` waits for the communicator's kernels, so ``close`` waits for the
+  eager calls at most ``timeout`` s and then aborts, or retires (no timeout, or a capture).
+- NCCL's errors come as CuPy's ``NcclError``, or as ``KeyError(7)`` for ncclInProgress, which
+  CuPy 14.2 cannot name (:func:`.tables.nccl_status` reads both).
 """
 
 from __future__ import annotations
