@@ -86,7 +86,7 @@ def nccl_version(load: bool = True) -> str:
                 nccl = None
     if nccl is not None and getattr(nccl, "available", False):
         try:
-            from .backends.nccl.init import version_string  # noqa: PLC0415
+            from .backends.nccl.tables import version_string  # noqa: PLC0415
 
             return f"{version_string(nccl.get_version())} (loaded by CuPy)"
         except Exception as error:  # noqa: BLE001

@@ -78,8 +78,13 @@ def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
 
 @lru_cache(maxsize=256)  # streams come and go: keep the cache bounded
 def _torch_stream(pointer: int, device: int) -> Any:
-    """torch's view of the stream ``pointer`` on ``device`` (which it does not own)."""
-    return sys.modules["torch"].cuda.ExternalStream(pointer, device=device)
+    """torch's view of the stream ``pointer`` on ``device`` (which it does not own). Handle 0
+    is the legacy default stream, torch's own default stream: ``ExternalStream(0)`` would be a
+    new stream from torch's pool (a null pointer there means "none given")."""
+    cuda = sys.modules["torch"].cuda
+    if pointer == 0:
+        return cuda.default_stream(device)
+    return cuda.ExternalStream(pointer, device=device)
 
 
 def record_stream(ref: Any, keep: Any) -> None:

@@ -89,14 +89,14 @@ def probe(comm) -> None:
     check(np.all(cupy_to_host(x) == comm.size), f"probe: {cupy_to_host(x)}")
     from cupy.cuda import nccl
 
-    from denseccl.backends.nccl.init import version_string
+    from denseccl.backends.nccl.tables import version_string
 
     emit("probe", ok=not FAILURES, size=comm.size, device=comm.transport.device,
          nccl=version_string(nccl.get_version()), hostid=os.environ.get("NCCL_HOSTID"))  # fmt: skip
 
 
 def run_matrix(comm) -> None:
-    from denseccl.backends.nccl.init import FP8_SINCE
+    from denseccl.backends.nccl.tables import FP8_SINCE
 
     started = time.monotonic()
     report = matrix.run_matrix(comm, matrix.device_libs(comm, fp8=comm.transport.version >= FP8_SINCE))
@@ -226,7 +226,7 @@ def faults(comm) -> None:
     store = _shared_store()
     if rank != 0:
         if store is not None:
-            store.wait(["denseccl-test/faults-done"])
+            leave_together(store, rank, comm.size, "denseccl-test/faults")
         else:
             comm.control.allgather_bytes(b"", None)  # MPI: rank 0 reaches this when done
         emit("faults", ok=True)
@@ -265,9 +265,30 @@ def faults(comm) -> None:
         pass
     emit("faults", ok=not FAILURES, watchdog=watched.broken)
     if store is not None:
-        store.set("denseccl-test/faults-done", b"1")
+        leave_together(store, rank, comm.size, "denseccl-test/faults")
     else:
         comm.control.allgather_bytes(b"", None)
+
+
+def leave_together(store: Any, rank: int, size: int, name: str, timeout: float = 60.0) -> None:
+    """The end of a scenario whose ranks then exit at once: rank 0, whose process serves the
+    TCPStore, says it is done and waits until every peer has seen that before it may exit.
+    ``TCPStore.set`` returns without a reply, and a server that exits right after it resets the
+    connection of a peer whose ``wait`` was not answered yet (that peer then fails with a
+    network error). A peer's last word is a ``set`` too: it needs no answer from a server that
+    may be gone by then (an ``add`` would wait for one)."""
+    from datetime import timedelta
+
+    if rank == 0:
+        store.set(f"{name}-done", b"1")
+        peers = [f"{name}-left/{peer}" for peer in range(1, size)]
+        try:
+            store.wait(peers, timedelta(seconds=timeout))
+        except Exception as error:  # noqa: BLE001 - a peer that died: say so, exit anyway
+            FAILURES.append(f"{name}: the peers did not all leave within {timeout:g} s: {error}")
+    else:
+        store.wait([f"{name}-done"], timedelta(seconds=timeout))
+        store.set(f"{name}-left/{rank}", b"1")
 
 
 HANG_GATE = 5.0  # seconds a host function blocks a stream (ncclCommAbort waits for it)

@@ -9,6 +9,10 @@
 #    wheels, see tests/gpu/fetch_wheels.sh) or, failing that, PyPI with short timeouts; writes
 #    versions.txt;
 # 2. the GPU tests of one process (all of tests/gpu but test_gpu_ranks.py);
+# 2b. probes of the real stack (tests/gpu/probe.py, one process each): does ncclCommDestroy wait
+#    for a kernel, close() with a blocked stream (timeout 2 s, and none), a global-mode capture
+#    after a dropped Work, a capture stream destroyed after its capture, torch's stream for
+#    handle 0; each prints what it measured, PASS/FAIL lines count like tests;
 # 3. two ranks on one GPU: plainly (NCCL is expected to say "Duplicate GPU detected") and with a
 #    separate NCCL_HOSTID per rank over sockets on lo: two-ranks.json;
 # 4. the two-rank GPU tests (tests/gpu/test_gpu_ranks.py) in the mode that worked;
@@ -143,13 +147,29 @@ run_pytest() {  # name, cap, pytest arguments...
 
 # -- 2. one rank ---------------------------------------------------------------------------------
 step "GPU tests in this process (all of tests/gpu but the two-rank file)"
-run_pytest single 210 tests/gpu --ignore=tests/gpu/test_gpu_ranks.py
+run_pytest single 200 tests/gpu --ignore=tests/gpu/test_gpu_ranks.py
+
+# -- 2b. probes ----------------------------------------------------------------------------------
+step "probes of the real stack: close, captures, a freed capture stream, torch's default stream"
+for probe in destroy close close_untimed capture freed_stream default_stream; do
+  limit="$(cap 45)"
+  if [ "$limit" -lt 20 ]; then record "SKIP probe $probe: not enough of the budget left"; continue; fi
+  timeout -k 5 "$limit" "$PY" tests/gpu/probe.py "$probe" >"$work/probe.txt" 2>&1
+  status=$?
+  cat "$work/probe.txt"
+  if grep -q '^SKIP probes' "$work/probe.txt"; then record "$(grep -m 1 '^SKIP probes' "$work/probe.txt")"; break; fi
+  grep -E '^INFO probe' "$work/probe.txt" | while read -r line; do note "$line"; done
+  grep -E '^(PASS|FAIL) probe' "$work/probe.txt" | while read -r line; do record "$line"; done
+  if ! grep -qE '^(PASS|FAIL|INFO) probe' "$work/probe.txt"; then
+    record "FAIL probe $probe: no verdict (exit $status$([ "$status" -ge 124 ] && echo ", killed at its cap of $limit s"))"
+  fi
+done
 
 # -- 3. two ranks on one GPU ---------------------------------------------------------------------
 step "two ranks on one GPU: plain, then NCCL_HOSTID per rank"
 mode=no
-if [ "$(cap 130)" -ge 60 ]; then
-  DENSECCL_GPU_INNER_TIMEOUT=$(($(cap 130) - 15)) timeout -k 10 "$(cap 130)" "$PY" tests/gpu/two_ranks.py "$out/two-ranks.json" | tee "$work/two-ranks.txt"
+if [ "$(cap 120)" -ge 60 ]; then
+  DENSECCL_GPU_INNER_TIMEOUT=$(($(cap 120) - 15)) timeout -k 10 "$(cap 120)" "$PY" tests/gpu/two_ranks.py "$out/two-ranks.json" | tee "$work/two-ranks.txt"
   mode="$(grep '^MODE=' "$work/two-ranks.txt" | tail -n 1 | cut -d= -f2)"
   grep '^two ranks' "$work/two-ranks.txt" | while read -r line; do note "$line"; done
   [ -n "$mode" ] || { record "FAIL two-rank probe: did not finish"; mode=no; }
@@ -164,7 +184,7 @@ step "two-rank GPU tests"
 if [ "$mode" = no ]; then
   record "SKIP pytest ranks: two ranks cannot run here (see two-ranks.json)"
 else
-  run_pytest ranks 200 tests/gpu/test_gpu_ranks.py
+  run_pytest ranks 180 tests/gpu/test_gpu_ranks.py
 fi
 
 # -- 5. benchmark --------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def torch_cuda() -> Any:
 def fp8_reduction_problem(transport: Any) -> Optional[str]:
     """Why ``transport`` (an NCCLTransport) cannot reduce fp8, or None: NCCL has fp8 types from
     2.24 on (a torch CUDA 12 build can pin an older NCCL) and reduces them on sm90 and newer."""
-    from denseccl.backends.nccl.init import FP8_REDUCTION_CAPABILITY, FP8_SINCE, version_string
+    from denseccl.backends.nccl.tables import FP8_REDUCTION_CAPABILITY, FP8_SINCE, version_string
 
     if transport.version < FP8_SINCE:
         return f"NCCL {version_string(transport.version)} has no fp8 types (NCCL >= {version_string(FP8_SINCE)})"
@@ -93,7 +93,10 @@ def _span(shape: Sequence[int], strides: Sequence[int]) -> tuple:
 
 
 def cupy_from_host(host: np.ndarray) -> Any:
-    """A CuPy array with ``host``'s shape, strides and values (one cudaMemcpy of the span)."""
+    """A CuPy array with ``host``'s shape, strides and values (one cudaMemcpy of the span), there
+    for work on any stream once this returns. From pageable memory cudaMemcpy may return before
+    the DMA has landed, and only the legacy stream is ordered after it, not a non-blocking stream
+    the tests then use: so the device is synchronized before returning."""
     import cupy
 
     item = host.itemsize
@@ -104,6 +107,7 @@ def cupy_from_host(host: np.ndarray) -> Any:
         cupy.cuda.runtime.memcpy(
             memory.ptr, host.ctypes.data + lo * item, numel * item, cupy.cuda.runtime.memcpyHostToDevice
         )
+        cupy.cuda.runtime.deviceSynchronize()
     return cupy.ndarray(host.shape, host.dtype, memptr=memory + (-lo * item), strides=host.strides)
 
 

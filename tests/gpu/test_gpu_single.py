@@ -39,7 +39,7 @@ def test_backend_and_device(comm):
 
 @pytest.mark.parametrize("lib_index", [0, 1, 2])
 def test_matrix(comm, lib_index):
-    from denseccl.backends.nccl.init import FP8_SINCE
+    from denseccl.backends.nccl.tables import FP8_SINCE
 
     libs = matrix.device_libs(comm, fp8=comm.transport.version >= FP8_SINCE)
     if lib_index >= len(libs):

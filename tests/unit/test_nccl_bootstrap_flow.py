@@ -18,7 +18,7 @@ from denseccl.backends import rendezvous
 from denseccl.errors import MismatchError
 from denseccl.backends.nccl import transport as nccl_transport
 from denseccl.backends.mpi.transport import MPIControl
-from denseccl.backends.nccl.init import version_code
+from denseccl.backends.nccl.tables import version_code
 from denseccl.backends.store import SoloControl, StoreControl
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI

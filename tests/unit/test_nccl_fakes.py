@@ -20,8 +20,15 @@ cupy_backends/cuda/libs/nccl.pyx):
 - ``Event.done`` never raises: it is ``runtime.eventQuery(ptr) == 0``, and ``runtime.eventQuery``
   returns the status (600 not ready, 700 a sticky error, 907 an event recorded in a capture, 900
   any query while a capture runs in global mode, which also invalidates that capture);
-- ``Stream.is_capturing`` raises on an invalidated capture (RuntimeError) and for the legacy
-  stream while another stream captures (CUDARuntimeError cudaErrorStreamCaptureImplicit);
+- ``Stream.is_capturing`` raises on an invalidated capture (RuntimeError), for the legacy
+  stream while another stream captures (CUDARuntimeError cudaErrorStreamCaptureImplicit) and for
+  a stream that does not exist (cudaErrorInvalidResourceHandle: one never created, or destroyed;
+  ``FakeCuda.alive`` are those that exist);
+- ``NcclError(status)`` names the status from CuPy's table of ncclResult_t 0-6: for any other
+  (ncclInProgress, 7) building it raises ``KeyError(status)``, which is what CuPy then raises;
+- ``destroy()`` (ncclCommDestroy) waits for the kernels enqueued on the communicator
+  (``commDestroySync`` synchronizes NCCL's stream, which waits for them): here for the host
+  functions that block a stream it was given (``FakeCuda.block``).
 """
 
 from __future__ import annotations
@@ -42,14 +49,15 @@ import pytest
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import transport as nccl
 from denseccl.backends.nccl.transport import CudaStreams
-from denseccl.backends.nccl.init import version_code
+from denseccl.backends.nccl.tables import version_code
 
 VERSION = version_code(2, 27, 3)
 
 # cudaError_t values the fakes return or raise (CUDA runtime API)
-CUDA_SUCCESS, NOT_READY, ILLEGAL_ADDRESS = 0, 600, 700
+CUDA_SUCCESS, INVALID_HANDLE, NOT_READY, ILLEGAL_ADDRESS = 0, 400, 600, 700
 CAPTURE_UNSUPPORTED, CAPTURE_INVALIDATED, CAPTURE_IMPLICIT, CAPTURED_EVENT = 900, 901, 906, 907
 CUDA_ERRORS = {
+    INVALID_HANDLE: "cudaErrorInvalidResourceHandle: invalid resource handle",
     NOT_READY: "cudaErrorNotReady: device not ready",
     ILLEGAL_ADDRESS: "cudaErrorIllegalAddress: an illegal memory access was encountered",
     CAPTURE_UNSUPPORTED: "cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing",
@@ -105,12 +113,25 @@ def typed(*ctypes: str) -> Callable[[Callable], Callable]:
     return wrap
 
 
+#: CuPy 14.2's names of ncclResult_t (ERROR2 in cupy_backends/cuda/libs/nccl.pyx): 0-6 only
+NCCL_ERROR_NAMES = {
+    0: "NCCL_ERROR_SUCCESS",
+    1: "NCCL_ERROR_UNHANDLED_CUDA_ERROR",
+    2: "NCCL_ERROR_SYSTEM_ERROR",
+    3: "NCCL_ERROR_INTERNAL_ERROR",
+    4: "NCCL_ERROR_INVALID_ARGUMENT",
+    5: "NCCL_ERROR_INVALID_USAGE",
+    6: "NCCL_ERROR_REMOTE_ERROR",
+}
+
+
 class NcclError(RuntimeError):
-    """cupy.cuda.nccl.NcclError: the status travels as ``.status``."""
+    """cupy.cuda.nccl.NcclError: the status travels as ``.status``; a status CuPy has no name
+    for raises KeyError while the error is built (CuPy's ``ERROR2[status]``)."""
 
     def __init__(self, status: int) -> None:
-        super().__init__(f"NCCL error {status}")
         self.status = status
+        super().__init__(f"{NCCL_ERROR_NAMES[status]}: NCCL error {status}")
 
 
 class CUDARuntimeError(RuntimeError):
@@ -145,6 +166,9 @@ class FakeComm:
         self.freed_while_inside = False
         self.split_size: Optional[int] = None
         self.abort_waits: Optional[Callable[[], None]] = None  # ncclCommAbort waits for the device
+        self.fail_status: Optional[int] = None  # the next collective returns this ncclResult_t
+        self.device: Optional["FakeCuda"] = None  # where the streams given to collectives run
+        self.used_streams: set = set()
         self._inside = 0
         self._holding: Optional[threading.Event] = None
 
@@ -165,10 +189,14 @@ class FakeComm:
                 self._holding = None
             if not self.comm:  # ncclComm_t NULL: NCCL's argument check
                 raise NcclError(NCCL_INVALID_ARGUMENT)
+            if self.fail_status is not None:
+                status, self.fail_status = self.fail_status, None
+                raise NcclError(status)  # CuPy's check_status
             if self.fail_next is not None:
                 error, self.fail_next = self.fail_next, None
                 raise error
             self.calls.append((name, *args))
+            self.used_streams.add(args[-1])
         finally:
             self._inside -= 1
 
@@ -226,6 +254,8 @@ class FakeComm:
     def destroy(self):
         if not self.comm:
             return
+        if self.device is not None:  # ncclCommDestroy synchronizes with the kernels it enqueued
+            self.device.wait_streams(self.used_streams)
         self.destroyed = True
         self._free()
 
@@ -260,8 +290,9 @@ class FakeCuda:
         self.broken_query = False
         self.capability = "90"
         self.queries = 0
-        self.capture_mode = "global"  # cudaStreamCaptureModeGlobal, CuPy's and torch's default
+        self.capture_mode = "global"  # cudaStreamCaptureModeGlobal: torch.cuda.graph's default
         self.blocked: Dict[int, Tuple[threading.Event, float]] = {}  # stream -> host function (gate, until)
+        self.alive: set = {0, current, S.pointer}  # the streams that exist (0: the legacy stream)
         world = self
         ids = itertools.count(0x100)
         events: Dict[int, Any] = {}
@@ -284,6 +315,8 @@ class FakeCuda:
 
         def stream_is_capturing(stream: int) -> bool:
             c_argument(stream, "intptr_t")
+            if stream not in world.alive and stream not in world.capturing:
+                raise CUDARuntimeError(INVALID_HANDLE)  # never created, or destroyed
             if stream in world.invalidated:
                 raise RuntimeError("the stream was capturing, but an error has invalidated the capture sequence")
             if stream == 0 and world.capturing:
@@ -370,12 +403,22 @@ class FakeCuda:
         """A host function on ``stream`` (``launch_host_func``) that waits for the returned
         gate at most ``seconds``: work recorded there completes only after it."""
         gate = threading.Event()
-        self.blocked[int(getattr(stream, "ptr", stream))] = (gate, time.monotonic() + seconds)
+        pointer = int(getattr(stream, "ptr", stream))
+        self.alive.add(pointer)
+        self.blocked[pointer] = (gate, time.monotonic() + seconds)
         return gate
 
     def released(self, stream: int) -> bool:
         gate, until = self.blocked[stream]
         return gate.is_set() or time.monotonic() >= until
+
+    def wait_streams(self, streams: Any) -> None:
+        """Wait until the host functions blocking ``streams`` have returned (what a
+        synchronisation with work on them does)."""
+        for stream in streams:
+            if stream in self.blocked:
+                gate, until = self.blocked[stream]
+                gate.wait(max(until - time.monotonic(), 0.0))
 
     def wait_device(self) -> None:
         """What freeing device memory does (ncclCommAbort, cudaFree): wait until every stream's
@@ -408,6 +451,7 @@ class FakeLibrary:
 def make(*, timeout=None, size=2, version=VERSION, interval=0.01, current=0, capability="90", grace=2.0):
     """A transport on the fakes: (transport, comm, cuda, library)."""
     comm, cuda, library = FakeComm(0, size), FakeCuda(current), FakeLibrary()
+    comm.device = cuda
     cuda.capability = capability
     transport = nccl.NCCLTransport(
         comm, 0, timeout=timeout, version=version, events=cuda.streams(), library=library, watchdog_interval=interval,

@@ -36,6 +36,7 @@ def solo(monkeypatch):
     monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
     monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
     transport, fake, cuda, library = make(size=1, current=55, version=FP8_VERSION)
+    cuda.alive |= set(range(66, 71))  # the streams the tests pass
     communicator = Communicator(transport, SoloControl(), timeout=5.0)
     communicator.fake, communicator.cuda = fake, cuda
     yield communicator
@@ -88,7 +89,7 @@ def test_gpu_matrix_asks_the_library_which_ops_run(size, monkeypatch):
 def test_the_gpu_fp8_test_skips_where_the_library_refuses_fp8(version, capability, skip):
     """test_one_rank_fp8_avg_and_premul skipped on a GPU below sm90 only; on NCCL < 2.24 (which a
     torch CUDA 12 build can pin) the library refuses fp8 reductions too, so it must skip there."""
-    from denseccl.backends.nccl.init import version_code
+    from denseccl.backends.nccl.tables import version_code
     from tests.gpu.support import fp8_reduction_problem
 
     code = version if isinstance(version, int) else version_code(*map(int, version.split(".")))
@@ -372,15 +373,21 @@ def test_async_error_is_polled_while_a_call_is_inside():
 
 
 def test_close_waits_for_a_call_inside_nccl():
-    transport, comm, _, _ = make()
+    """close() refuses new calls at once, lets the call inside NCCL return and its work
+    complete, then destroys the communicator."""
+    transport, comm, _, _ = make(grace=10)
     thread, gate, _ = _call_in_thread(transport, comm)
-    transport.close()
-    assert not comm.destroyed
+    closing = threading.Thread(target=transport.close)
+    closing.start()
+    assert wait_for(lambda: transport._closed)
     with pytest.raises(DenseCCLError, match="closed"):
         transport.allreduce(1, 1, 4, F32, ReduceOp.SUM, S)
+    time.sleep(0.1)
+    assert not comm.destroyed and closing.is_alive()
     gate.set()
     thread.join(5)
-    assert comm.destroyed and not comm.freed_while_inside
+    closing.join(5)
+    assert comm.destroyed and not comm.freed_while_inside and not closing.is_alive()
 
 
 def test_many_threads_and_an_abort():
@@ -458,7 +465,7 @@ class _FakeTensor:
         return False
 
     def record_stream(self, stream):
-        self.recorded.append(stream.pointer)
+        self.recorded.append(stream.cuda_stream)
 
 
 @pytest.fixture()
@@ -477,12 +484,34 @@ def torch_like(solo, monkeypatch):
             return real_as_buffer(HostCAI(x.array))._replace(library="torch", owner=x)
         return real_as_buffer(x)
 
-    cuda = SimpleNamespace(ExternalStream=lambda pointer, device: SimpleNamespace(pointer=pointer, device=device))
+    cuda = SimpleNamespace(ExternalStream=_external_stream, default_stream=lambda device: _torch_stream(0, device))
     monkeypatch.setattr(communicator_module, "as_buffer", as_buffer)
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, Tensor=type(None)))
     streams._torch_stream.cache_clear()  # the fake streams made here must not outlive the test
     yield solo
     streams._torch_stream.cache_clear()
+
+
+_POOL = iter(range(0x5000, 0x6000))
+
+
+def _torch_stream(pointer, device):
+    return SimpleNamespace(cuda_stream=pointer, device=device)
+
+
+def _external_stream(stream_ptr, device=None):
+    """torch.cuda.ExternalStream: torch's Stream(stream_ptr=...), which takes a null pointer as
+    "none given" and hands out a stream from its pool (THCPStream_pynew)."""
+    return _torch_stream(stream_ptr or next(_POOL), device)
+
+
+def test_torch_tensors_on_the_default_stream_are_recorded_on_it(torch_like):
+    """Handle 0 is torch's default stream: recording there must name that stream, not a pool
+    stream (which would delay the reuse of the tensor's memory for nothing)."""
+    x = _FakeTensor(np.ones(6, np.float32))
+    torch_like.allreduce(x, stream=0)
+    torch_like.broadcast(x, 0, stream=0)
+    assert x.recorded == [0, 0]
 
 
 def test_torch_tensors_on_another_stream_are_recorded_there(torch_like):

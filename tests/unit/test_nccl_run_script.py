@@ -1,6 +1,7 @@
 """tests/gpu/run.sh on the CPU (DENSECCL_GPU_DRY=1 carries on past the missing GPU): every step
-runs or is skipped with its reason, nothing crashes, at most 8 files are left in $OUT (the
-device tool brings back no more), and summary.txt ends with the line the docs quote."""
+runs or is skipped with its reason (tests/gpu/probe.py's probes once, for all), nothing
+crashes, at most 8 files are left in $OUT (the device tool brings back no more), and
+summary.txt ends with the line the docs quote."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def test_run_script_dry(tmp_path):
     environment = next(line for line in summary if line.startswith("FAIL environment"))
     assert "No module named" not in environment and "nccl backend cannot run here" in environment, environment
     assert "pytest single:" in text  # ran: every GPU test skipped without a GPU
+    probes = [line for line in summary if "probe" in line and "two-rank" not in line]
+    assert len(probes) == 1 and probes[0].startswith("SKIP probes: the nccl backend cannot run here"), probes
     assert "SKIP pytest ranks" in text or "FAIL two-rank probe" in text
     tests = (tmp_path / "tests.txt").read_text()
     assert "SKIPPED" in tests and "test_gpu_single" in tests

@@ -13,7 +13,8 @@ import pytest
 from denseccl.dtypes import DTYPES
 from denseccl.errors import ArgumentError, OpError
 from denseccl.ops import PreMulSum, ReduceOp
-from denseccl.backends.nccl import init as nccl_library
+from denseccl.backends.nccl import library as nccl_ctypes
+from denseccl.backends.nccl import tables as nccl_library
 
 NEW = nccl_library.version_code(2, 32, 3)
 OLD = nccl_library.version_code(2, 8, 4)
@@ -188,12 +189,12 @@ def test_premul_scalars():
 
 
 def test_functions_are_declared_as_data():
-    names = [function.name for function in nccl_library.FUNCTIONS]
+    names = [function.name for function in nccl_ctypes.FUNCTIONS]
     assert len(names) == len(set(names))
     assert {"ncclRedOpCreatePreMulSum", "ncclRedOpDestroy", "ncclGetErrorString"} <= set(names)
     # what CuPy wraps is used through CuPy, not bound twice
     assert not {"ncclGetVersion", "ncclCommGetAsyncError", "ncclCommAbort", "ncclAllReduce"} & set(names)
-    for function in nccl_library.FUNCTIONS:
+    for function in nccl_ctypes.FUNCTIONS:
         assert isinstance(function.argtypes, list)
 
 
@@ -205,34 +206,34 @@ def _library():
         except Exception:  # noqa: BLE001
             pass
     try:
-        return nccl_library.NCCLLibrary()
+        return nccl_ctypes.NCCLLibrary()
     except Exception as error:  # noqa: BLE001
         pytest.skip(f"no libnccl here: {error}")
 
 
 def test_library_binding_without_a_gpu():
     library = _library()
-    assert all(library._functions[function.name] is not None for function in nccl_library.FUNCTIONS)
+    assert all(library._functions[function.name] is not None for function in nccl_ctypes.FUNCTIONS)
     assert library.error_string(6)  # ncclRemoteError has a message
     assert library.error_string(0)
-    with pytest.raises(nccl_library.NCCLError, match="ncclRedOpDestroy failed: invalid argument") as raised:
+    with pytest.raises(nccl_ctypes.NCCLError, match="ncclRedOpDestroy failed: invalid argument") as raised:
         library.NCCL_CHECK(4, "ncclRedOpDestroy")
     assert raised.value.status == 4
-    assert nccl_library.NCCLLibrary(library.path)._functions is library._functions  # bound once per path
+    assert nccl_ctypes.NCCLLibrary(library.path)._functions is library._functions  # bound once per path
 
 
 def test_library_missing_path():
     with pytest.raises(Exception, match="cannot load"):
-        nccl_library.NCCLLibrary("/nonexistent/libnccl.so.2")
+        nccl_ctypes.NCCLLibrary("/nonexistent/libnccl.so.2")
 
 
 def test_library_bound_once_when_the_soname_does_not_load(monkeypatch):
     """When ``libnccl.so.2`` does not load by soname but the mapped file does, the second
     NCCLLibrary() finds the first's binding (and its real path) without loading again."""
     real = _library()
-    real_path = nccl_library.loaded_nccl_path() or real.path
+    real_path = nccl_ctypes.loaded_nccl_path() or real.path
     loads = []
-    cdll = nccl_library.ctypes.CDLL
+    cdll = nccl_ctypes.ctypes.CDLL
 
     def only_by_path(name, *args, **kwargs):
         loads.append(name)
@@ -240,11 +241,11 @@ def test_library_bound_once_when_the_soname_does_not_load(monkeypatch):
             raise OSError("not on the loader's path")
         return cdll(name, *args, **kwargs)
 
-    monkeypatch.setattr(nccl_library.ctypes, "CDLL", only_by_path)
-    monkeypatch.setattr(nccl_library, "loaded_nccl_path", lambda: real_path)
-    monkeypatch.setattr(nccl_library.NCCLLibrary, "_bound", {})
-    first = nccl_library.NCCLLibrary()
-    second = nccl_library.NCCLLibrary()
+    monkeypatch.setattr(nccl_ctypes.ctypes, "CDLL", only_by_path)
+    monkeypatch.setattr(nccl_ctypes, "loaded_nccl_path", lambda: real_path)
+    monkeypatch.setattr(nccl_ctypes.NCCLLibrary, "_bound", {})
+    first = nccl_ctypes.NCCLLibrary()
+    second = nccl_ctypes.NCCLLibrary()
     assert first.path == second.path == real_path
     assert second._functions is first._functions
     assert loads == ["libnccl.so.2", real_path]

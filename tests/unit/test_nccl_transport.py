@@ -22,7 +22,7 @@ from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorB
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import transport as nccl_events
-from denseccl.backends.nccl import init as nccl_tables
+from denseccl.backends.nccl import tables as nccl_tables
 from denseccl.backends.store import SoloControl
 from tests.unit.test_nccl_fakes import COLLECTED, VERSION, S, make
 
@@ -102,7 +102,8 @@ def test_fp8_reductions_only_from_sm90(capability, reduces):
 
 
 def test_stream_forms():
-    transport, comm, _, _ = make(current=55)
+    transport, comm, cuda, _ = make(current=55)
+    cuda.alive |= {9, 10, 11, 12}
     transport.allreduce(1, 1, 1, F32, ReduceOp.SUM)  # None: CuPy's current stream
     transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, 9)
     transport.allreduce(1, 1, 1, F32, ReduceOp.SUM, SimpleNamespace(ptr=10))
@@ -352,6 +353,7 @@ def device_comm(monkeypatch):
     monkeypatch.setattr(arrays, "_cuda_device_of_pointer", lambda pointer: 0)
     monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: 55)
     transport, fake, events, library = make(size=1, current=55)
+    events.alive |= {9, 66}  # the streams the tests below pass
     communicator = Communicator(transport, SoloControl(), timeout=5.0)
     communicator.fake = fake
     communicator.events = events

@@ -6,21 +6,27 @@ enqueues device work or frees an NCCL communicator, so the rules that keep that 
 together here (docs/nccl.md says what users see of them):
 
 - What NCCL lacks is mapped onto what it has, never by an extra pass over the data (the tables
-  are :mod:`.init`'s): complex as pairs of reals, bool as uint8 with sum/prod as max/min,
+  are :mod:`.tables`'): complex as pairs of reals, bool as uint8 with sum/prod as max/min,
   ``PreMulSum`` as NCCL's own op made once per ``(factor, dtype)``, bytes for what NCCL cannot
   reduce; with one rank fp8 avg runs as a sum (NCCL has no one-rank fp8 scaling).
 - CUDA through CuPy's own objects (:class:`CudaStreams`; the ``cupy`` module is passed in, so
   the CPU tests run this code on strict fakes): an event after each call, read through
   ``cudaEventQuery``'s status, since ``Event.done`` reads a sticky error as "not done".
   :class:`NCCLPending` orders the caller's stream or blocks the host.
-- CUDA graphs: a captured call gets no watchdog entry and its event is never queried; in global
-  capture mode no watchdog of that device queries while a capture it has seen still runs, and
-  ``wait_idle`` is the wait for the last eager query that a caller makes before a capture.
+- CUDA graphs: a captured call gets no watchdog entry and its event is never queried; while a
+  capture seen on the device still runs, no event of that device is queried at all (global
+  capture mode: the watchdogs and every poll of :class:`NCCLPending` wait), a stream CUDA no
+  longer knows counts as ended, and ``wait_idle`` is the wait for the last eager query that a
+  caller makes before a capture.
 - :class:`Watchdog`: one daemon thread per transport, as in torch's ProcessGroupNCCL, aborts on a
   call unfinished ``timeout`` s after it was enqueued or an asynchronous NCCL error.
 - Threads: ``ncclCommAbort`` and ``ncclCommDestroy`` free the communicator, so they wait for the
   calls inside NCCL (which count themselves in and out), an abort at most ``abort_grace``;
   ``retire`` keeps the communicator alive while work may still run on it.
+- Close: ``ncclCommDestroy`` waits for the communicator's kernels, so ``close`` waits for the
+  eager calls at most ``timeout`` s and then aborts, or retires (no timeout, or a capture).
+- NCCL's errors come as CuPy's ``NcclError``, or as ``KeyError(7)`` for ncclInProgress, which
+  CuPy 14.2 cannot name (:func:`.tables.nccl_status` reads both).
 """
 
 from __future__ import annotations
@@ -40,15 +46,16 @@ from ...ops import Op, PreMulSum, ReduceOp, op_kind
 from ...streams import StreamRef, current_stream_pointer, stream_pointer
 from ...wait import deadline_after, wait_until
 from ..base import Pending, Transport, abandon
-from .init import (
-    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_OPS, SPLIT_SINCE, UINT8, NCCLLibrary, builtin_op,
-    check_op, elements, nccl_dtypes, premul_scalar, reducible_dtypes, version_string,
+from .library import NCCLLibrary
+from .tables import (
+    CARRIED_AS, FP8_REDUCTION_CAPABILITY, FP8_SINCE, INT32, NCCL_IN_PROGRESS, NCCL_INVALID_ARGUMENT, NCCL_OPS,
+    SPLIT_SINCE, UINT8, builtin_op, check_op, elements, in_progress_error, nccl_dtypes, nccl_status, premul_scalar,
+    reducible_dtypes, version_string,
 )
 
 CUDA_SUCCESS, CUDA_NOT_READY = 0, 600  # cudaError_t of cudaEventQuery: done, still running
 CUDA_CAPTURE_IMPLICIT = 906  # cudaErrorStreamCaptureImplicit: the legacy stream during another's capture
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
-NCCL_INVALID_ARGUMENT = 4  # ncclInvalidArgument: refused by the argument checks, before any enqueue
 
 #: (id of the cupy module, device) -> (that module, the streams seen capturing there whose capture
 #: may still run): process-wide, since a capture is invalidated by a query from any thread
@@ -145,8 +152,10 @@ class CudaStreams:
 
     def capture_in_progress(self) -> bool:
         """Whether a capture that a call on this device has seen is still running (any
-        thread's, any communicator's); captures found ended are forgotten. Never raises: a
-        stream whose capture cannot be asked about (invalidated, not yet ended) still counts."""
+        thread's, any communicator's); captures found ended are forgotten, and so are streams
+        that no longer exist (destroyed after their capture: CUDA then refuses the handle).
+        Never raises: a capture that cannot be asked about (invalidated, not yet ended) still
+        counts."""
         with _CAPTURES_LOCK:
             streams = list(self._captures)
         if not streams:
@@ -157,8 +166,10 @@ class CudaStreams:
                 with self._cupy.cuda.Device(self.device):
                     if not self.stream(pointer).is_capturing():
                         ended.add(pointer)
-            except Exception:  # noqa: BLE001 - an invalidated capture still runs until it is ended
-                continue
+            except Exception as error:  # noqa: BLE001 - CuPy raises RuntimeError or CUDARuntimeError
+                if not _capture_still_runs(error):
+                    ended.add(pointer)
+                    self._streams.pop(pointer, None)  # a new stream may get this handle
         with _CAPTURES_LOCK:
             self._captures.difference_update(ended)
         return len(ended) < len(streams)
@@ -181,6 +192,17 @@ class CudaStreams:
         """Device memory of ``nbytes`` (an object with ``.ptr``; freed when dropped)."""
         with self._cupy.cuda.Device(self.device):
             return self._cupy.cuda.alloc(nbytes)
+
+
+def _capture_still_runs(error: BaseException) -> bool:
+    """Whether ``Stream.is_capturing`` raising ``error`` leaves the capture running: an
+    invalidated capture (CuPy's RuntimeError, which has no status) runs until it is ended, and
+    a capture error (cudaErrorStreamCapture*) is about a capture. Any other status (e.g.
+    cudaErrorInvalidResourceHandle) says the stream itself is gone, and its capture with it."""
+    status = getattr(error, "status", None)
+    if status is None:
+        return "invalidated" in str(error)
+    return status in CUDA_CAPTURE_ERRORS
 
 
 # -- the watchdog ----------------------------------------------------------------------------------
@@ -336,11 +358,15 @@ class NCCLPending(Pending):
 
     def _finished(self) -> bool:
         """Whether the call completed or the communicator failed; a CUDA error while asking
-        (sticky) aborts the communicator."""
+        (sticky) aborts the communicator. While a capture seen on the device runs, "not yet":
+        in global capture mode the query would invalidate it (every poller asks here: the
+        flow's orphans, ``Work.is_completed``, the torch adapter's progress thread)."""
         transport = self._transport
         if transport._failure is not None:
             return True
         try:
+            if transport.events.capture_in_progress():
+                return False
             return bool(transport.events.done(self._event))
         except Exception as error:  # noqa: BLE001 - CuPy raises CUDARuntimeError
             transport.abort(f"checking NCCL work failed: {type(error).__name__}: {error}", timed_out=False)
@@ -485,6 +511,8 @@ class NCCLTransport(Transport):
             try:
                 self.comm.check_async_error()
             except Exception as error:  # noqa: BLE001 - cupy raises NcclError
+                if nccl_status(error) == NCCL_IN_PROGRESS:
+                    return None  # an operation still running (CuPy's KeyError for the status it cannot name)
                 return f"NCCL reported an asynchronous error: {error}"
         return None
 
@@ -606,11 +634,14 @@ class NCCLTransport(Transport):
                     entry.cancelled = True
                 if self._failure is not None and isinstance(error, Exception):
                     self.raise_if_failed()  # released by the abort: its reason, not NCCL's words for it
-                if getattr(error, "status", None) == NCCL_INVALID_ARGUMENT:
+                status = nccl_status(error)
+                if status == NCCL_INVALID_ARGUMENT:
                     raise ArgumentError(
                         f"NCCL refused the arguments of {what} ({error}); it enqueued nothing and the communicator "
                         "stays usable. Run with NCCL_DEBUG=WARN to see which argument"
                     ) from error
+                if status == NCCL_IN_PROGRESS:  # CuPy raised KeyError: its table of names stops at 6
+                    raise in_progress_error(f"nccl {what}") from None
                 raise
             if entry is not None:
                 entry.event = event
@@ -698,6 +729,10 @@ class NCCLTransport(Transport):
         self._enter()
         try:
             part = split(-1 if color is None else color, key)
+        except KeyError as error:
+            if nccl_status(error) == NCCL_IN_PROGRESS:
+                raise in_progress_error("ncclCommSplit") from None
+            raise
         finally:
             self._leave()
         if part is None:
@@ -711,22 +746,51 @@ class NCCLTransport(Transport):
         """Close while work may still run (a Work in flight or abandoned): stop watching and refuse
         new calls, but keep the communicator, its PreMulSum ops and the scratch for the process's
         life; ncclCommDestroy (or CuPy, on garbage collection) would free what running kernels use."""
-        if self._closed:
-            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._keep()
+
+    def _keep(self) -> None:
         self._watchdog.close()
         with self._lock:
-            self._closed = True
             self._deferred = None if self._deferred == "destroy" else self._deferred
         abandon(self.comm, self._scratch)
 
     def close(self) -> None:
         """Destroy the PreMulSum ops and the communicator (after an abort there is nothing left);
-        a call still inside NCCL in another thread is let finish first."""
-        if self._closed:
-            return
+        new calls are refused at once, and a call still inside NCCL in another thread is let
+        finish first. ncclCommDestroy waits for the communicator's kernels, forever when a peer
+        is gone: so the eager calls enqueued are waited for first, at most ``timeout`` s, and the
+        communicator is then aborted (as the watchdog does), or retired (kept for the process's
+        life) where there is no timeout (after ``abort_grace`` s) or a CUDA graph capture on the
+        device forbids asking. Captured calls are the graph owner's: their replays must have
+        completed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._failure is None and not self._watchdog.wait_idle(self._close_wait()):
+            capturing = self.events.capture_in_progress()  # then its work cannot be asked about
+            if self.timeout is None or capturing:
+                log.warning(
+                    "close(): NCCL work enqueued on this communicator %s after %g s; ncclCommDestroy would wait for "
+                    "it (forever if a peer is gone), so the communicator is kept for the process's life instead "
+                    "(retired)%s",
+                    "could not be asked about during a CUDA graph capture" if capturing else "had not completed",
+                    self._close_wait(), "" if capturing else ". Give the communicator a timeout to abort it",
+                )
+                self._keep()
+                return
+            reason = (
+                f"close(): NCCL work enqueued on this communicator did not complete within {self.timeout:g} s; "
+                "the NCCL communicator was aborted (ncclCommDestroy would wait for that work)"
+            )
+            log.warning("%s", reason)
+            self.abort(reason, timed_out=True)
         self._watchdog.close()
         with self._lock:
-            self._closed = True
             if self._failure is None:
                 if self._inside:
                     self._deferred = "destroy"
@@ -734,5 +798,8 @@ class NCCLTransport(Transport):
                     self._release("destroy")
         self._scratch = None
 
+    def _close_wait(self) -> float:
+        """Seconds close() waits for the eager calls in flight to complete."""
+        return self._abort_grace if self.timeout is None else self.timeout
 
 __all__ = ["CudaStreams", "NCCLPending", "NCCLTransport", "Watchdog"]

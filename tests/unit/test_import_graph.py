@@ -1,0 +1,78 @@
+"""The package's modules import one another without a circle: every ``import`` inside
+denseccl, at module level or inside a function, read from the source (a circle held together
+by a function-level import still ties two modules into one)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+PACKAGE = Path(__file__).resolve().parents[2] / "denseccl"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, modules: Set[str]) -> Set[str]:
+    """The package modules ``path`` imports (``from . import x`` counts x when it is a module)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target in modules:
+                found.add(target)
+            found |= {f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in modules}
+    found.discard(name)
+    return found
+
+
+def _graph() -> Dict[str, Set[str]]:
+    """Module -> the package modules it imports. A package's ``__init__`` is no target: importing
+    any submodule runs it anyway, and ``from . import x`` names x, not it."""
+    paths = [path for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts]
+    modules = {_module_name(path) for path in paths}
+    packages = {_module_name(path) for path in paths if path.name == "__init__.py"}
+    return {_module_name(path): _imports(path, modules) - packages for path in paths}
+
+
+def _circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Every circle through a module, as the path from it and back to it."""
+    circles = []
+    for start in sorted(graph):
+        seen, stack = {start}, [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    circles.append(path + [start])
+                elif nxt not in seen and nxt in graph:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    return circles
+
+
+def test_the_nccl_backend_has_no_import_circle():
+    graph = _graph()
+    nccl = "denseccl.backends.nccl"
+    assert f"{nccl}.transport" in graph[f"{nccl}.init"]  # init builds the transport
+    assert f"{nccl}.init" not in graph[f"{nccl}.transport"]
+    assert {f"{nccl}.tables", f"{nccl}.library"} <= graph[f"{nccl}.transport"]
+    assert _circles(graph) == []  # nor has any other part of the package
+
+
+def test_the_graph_reader_finds_a_circle():
+    """The reader itself: a circle through a function-level import is found."""
+    assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"], ["b", "a", "b"]]
