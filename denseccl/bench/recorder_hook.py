@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -49,7 +50,7 @@ def measure(calls: int, rounds: int, nbytes: int) -> Dict[str, float]:
     """Median seconds per call: ``off``, ``on`` (the recorder), ``clock`` (one time.monotonic())."""
     comms = {name: communicator(name == "on") for name in ("off", "on")}
     arrays = {name: np.ones(nbytes // 4, np.float32) for name in comms}
-    steps = {name: (lambda c=comms[name], x=arrays[name]: c.allreduce(x)) for name in comms}
+    steps: Dict[str, Callable[[], Any]] = {name: partial(comms[name].allreduce, arrays[name]) for name in comms}
     steps["clock"] = time.monotonic
     for step in steps.values():  # warm-up: the calls are prepared on their first run
         per_call(step, calls // 10 + 1)
