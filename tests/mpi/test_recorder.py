@@ -128,3 +128,13 @@ def test_a_job_whose_dump_folder_another_user_made_warns_and_runs_on(tmp_path):
     assert os.listdir(default) == []
     refusals = [line for line in done.stderr.splitlines() if "flight recorder dump not written" in line]
     assert len(refusals) == 2 and all("belongs to uid 4242" in line for line in refusals), done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_recorder_hook_times_on_off_and_off_again_on_two_ranks():
+    done = run_ranks(2, "-m", ["denseccl.bench.recorder_hook", "--calls", "20", "--blocks", "6"], timeout=100)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "# 4096 B float32 allreduce, 2 rank(s), 6 blocks x 20 calls, alternating", done.stdout
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert sorted(rows) == ["clock", "off", "off2", "on"], done.stdout
+    assert "min: 1.0000 (+0 ns)" in rows["off"], done.stdout  # off is the reference of the ratios
