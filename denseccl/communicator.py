@@ -224,9 +224,11 @@ class Communicator:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def dump_trace(self, directory: Optional[str] = None) -> str:
-        """Write this communicator's flight recorder (its last calls) to ``directory`` (default
-        ``DENSECCL_TRACE_DIR``) and return the file's path; ``python -m denseccl.trace_summary DIR``
-        reads every rank's dump (docs/debugging.md)."""
+        """Write this communicator's flight recorder (its last calls) into its job's folder in
+        ``directory`` (default ``DENSECCL_TRACE_DIR``, else ``denseccl-trace-<uid>`` in the
+        temporary directory) and return the file's path; ``python -m denseccl.trace_summary DIR``
+        reads every rank's dump (docs/debugging.md). A folder another user could read or
+        redirect is refused with a DenseCCLError that says why; nothing is written then."""
         if self.flow.recorder is None:
             raise DenseCCLError(
                 "this communicator has no flight recorder (DENSECCL_TRACE_BUFFER=0); set DENSECCL_TRACE_BUFFER to the "

@@ -20,9 +20,9 @@ from .errors import DenseCCLError
 
 #: seconds a rank waits for its peers unless told otherwise
 DEFAULT_TIMEOUT = 300.0
-#: calls each communicator's flight recorder keeps unless told otherwise (recorder.py): none, as
-#: it costs several percent of a small call's time (docs/debugging.md)
-DEFAULT_TRACE_BUFFER = 0
+#: calls each communicator's flight recorder keeps unless told otherwise (recorder.py); its cost
+#: per call is measured in docs/debugging.md
+DEFAULT_TRACE_BUFFER = 1024
 
 # -- tuning: every constant that trades latency, memory or politeness, in one place ----------
 
@@ -195,9 +195,10 @@ def _count(raw: Optional[str], default: int, name: str) -> int:
 
 
 def trace_dir() -> str:
-    """Where flight recorder dumps go: ``DENSECCL_TRACE_DIR``, else ``denseccl-trace`` in the
-    temporary directory (``TMPDIR``, else /tmp)."""
-    return settings().trace_dir or os.path.join(tempfile.gettempdir(), "denseccl-trace")
+    """The folder whose job folders hold flight recorder dumps (trace_files.py):
+    ``DENSECCL_TRACE_DIR``, else the per-user ``denseccl-trace-<uid>`` in the temporary
+    directory (``TMPDIR``, else /tmp)."""
+    return settings().trace_dir or os.path.join(tempfile.gettempdir(), f"denseccl-trace-{os.geteuid()}")
 
 
 def _word(raw: str, words: Tuple[str, ...], what: str, case: Callable[[str], str] = str.lower) -> str:

@@ -34,6 +34,7 @@ from .recorder import recorder_for
 
 T = TypeVar("T")
 _ndarray = np.ndarray
+_monotonic = time.monotonic
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
 
@@ -127,8 +128,9 @@ class Flow:
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
         self._gave_up = control.gave_up_flag()
-        #: the flight recorder of this communicator's calls (recorder.py), or None
-        self.recorder = recorder_for(self.rank, self.size, transport.name)
+        #: the flight recorder of this communicator's calls (recorder.py), or None; its job id
+        #: is agreed here, with the peers that create this communicator
+        self.recorder = recorder_for(self.rank, self.size, transport.name, control, self.deadline())
         weakref.finalize(self, _release_at_end, self.orphans, self.unfinished)
 
     # -- the flow ----------------------------------------------------------------------------
@@ -141,13 +143,20 @@ class Flow:
         ``result``); on a device transport they are recorded on ``stream``, where it runs."""
         if self.broken is not None:
             self.usable()
-        if self.recorder:
-            self.recorder.record(call.descriptor)
+        checked = self.check and self.size > 1
+        recorder = self.recorder
+        now = _monotonic() if checked or recorder is not None else 0.0  # once: the record's and the deadline's
+        if recorder is not None:  # Recorder.record, inlined: a method call would cost as much again
+            n = recorder.count
+            slot = n % recorder.length
+            recorder.calls[slot] = call.descriptor
+            recorder.times[slot] = now
+            recorder.count = n + 1
         began = time.perf_counter() if call.tracing else 0.0
         try:
-            if self.check and self.size > 1:
+            if checked:
                 timeout = self.timeout
-                deadline = None if timeout is None else time.monotonic() + timeout
+                deadline = None if timeout is None else now + timeout
                 agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
             started = call.start(address)
         except Exception as error:

@@ -1,28 +1,32 @@
 """The flight recorder: a bounded ring of each communicator's last calls, written to a file when a
-call times out (or a peer gave up), and on request.
+call times out (or a peer gave up), and on request. On by default (``DENSECCL_TRACE_BUFFER``).
 
 Every call that takes part in the agreement step is numbered in order (its sequence, the same on
 every rank of a communicator whose ranks make the same calls) and recorded with its descriptor
 and the time its agreement step began; a failure marks the call it belongs to. A call is
 ``started`` until it is known to have ended: a synchronous call once its caller made the next
-call or asked for a dump, an ``async_op`` call once its Work completed. The cost per call is one
-append of ``(sequence, descriptor, start)`` to a bounded deque; nothing is formatted until a
-dump. ``python -m denseccl.trace_summary DIR`` reads every rank's dumps (docs/debugging.md).
+call or asked for a dump, an ``async_op`` call once its Work completed.
+
+The cost per call is what makes it fit to stay on: two stores into lists made once (the
+descriptor, by reference, and the time the engine reads anyway for the agreement's deadline)
+at an index computed from the count, and the count's increment. Nothing is allocated, copied
+or formatted until a dump; :meth:`Flow.run` inlines :meth:`Recorder.record` (a method call
+would cost as much again; docs/debugging.md has the figures). Dumps go into a folder per job
+(trace_files.py); ``python -m denseccl.trace_summary DIR`` reads every rank's dumps.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import json
 import os
 import socket
 import time
 import weakref
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import config, log
-from .errors import CollectiveTimeoutError, CommunicatorBrokenError
+from . import config, log, trace_files
+from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError
 
 #: the format written into every dump, checked by the reader
 FORMAT = "denseccl-trace/1"
@@ -35,21 +39,34 @@ _live: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 class Recorder:
     """The last ``capacity`` calls of one communicator (rank ``rank`` of ``size``). ``number``
     tells this process's communicators apart: the n-th one created (the same on every rank that
-    creates the same communicators in the same order)."""
+    creates the same communicators in the same order). ``job``: the id of the job's dump
+    folder, the same on every rank (trace_files.py).
+
+    The ring: call ``seq`` is at index ``seq % length`` of :attr:`calls` (its descriptor) and
+    :attr:`times` (``time.monotonic()`` when its agreement step began); :attr:`count` calls have
+    been recorded. A recording thread writes both slots before it counts the call, so a dump
+    taken meanwhile (:meth:`entries`) can tell which slots hold which call; the one slot more
+    than ``capacity`` is the one such a call may be writing."""
 
     __slots__ = (
-        "rank", "size", "backend", "number", "capacity", "ring", "sequence", "failures", "unfinished", "dumped",
-        "__weakref__",
+        "rank", "size", "backend", "number", "job", "capacity", "length", "calls", "times", "count", "failures",
+        "unfinished", "dumped", "__weakref__",
     )
 
-    def __init__(self, rank: int, size: int, backend: str, capacity: int) -> None:
+    def __init__(self, rank: int, size: int, backend: str, capacity: int, job: Optional[str] = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"a flight recorder keeps at least one call, not {capacity}")
         self.rank, self.size, self.backend = rank, size, backend
         self.number = next(_numbers)
+        self.job = job or trace_files.local_job()
         self.capacity = capacity
-        #: ``(sequence, descriptor, time.monotonic() when its agreement step began)`` of the last calls
-        self.ring: Deque[Tuple[int, Any, float]] = collections.deque(maxlen=capacity)
-        #: hands out the sequences, 0 first
-        self.sequence: Callable[[], int] = itertools.count().__next__
+        self.length = capacity + 1
+        #: the descriptors of the last calls, by ``seq % length`` (made once, never resized)
+        self.calls: List[Any] = [None] * self.length
+        #: when each of them began its agreement step (``time.monotonic()``), alike
+        self.times: List[float] = [0.0] * self.length
+        #: the calls recorded so far: the next call's sequence (public: the communicator's call number)
+        self.count = 0
         #: sequence -> (error text, time.monotonic) of the calls that failed (only those in the ring)
         self.failures: Dict[int, Tuple[str, float]] = {}
         #: the sequences of calls started with async_op=True whose Work has not completed
@@ -58,15 +75,14 @@ class Recorder:
         self.dumped: Optional[str] = None
         _live.add(self)
 
-    def record(self, descriptor: Any) -> None:
-        """The next call begins its agreement step with ``descriptor``."""
-        self.ring.append((self.sequence(), descriptor, time.monotonic()))
-
-    @property
-    def count(self) -> int:
-        """The calls recorded so far (the next call's sequence)."""
-        ring = self.ring
-        return ring[-1][0] + 1 if ring else 0
+    def record(self, descriptor: Any, now: Optional[float] = None) -> None:
+        """The next call begins its agreement step with ``descriptor`` at ``now`` (default: the
+        time now). :meth:`Flow.run` inlines this body; keep the two alike."""
+        n = self.count
+        slot = n % self.length
+        self.calls[slot] = descriptor
+        self.times[slot] = time.monotonic() if now is None else now
+        self.count = n + 1
 
     def refused(self, descriptor: Any, error: BaseException) -> None:
         """A call whose input failed validation on this rank (it still joins the agreement)."""
@@ -104,66 +120,88 @@ class Recorder:
         self.unfinished.discard(seq)
 
     def broke(self, reason: str) -> None:
-        """The communicator became unusable: write the dump, once, where the settings say."""
+        """The communicator became unusable: write the dump, once, where the settings say; a
+        folder that is not safe is refused with a warning (nothing is written)."""
         if self.dumped is None and self.count:
             try:
                 self.dumped = self.dump(reason=f"failure: {reason}")
                 log.warning("denseccl rank %d: flight recorder dump written to %s", self.rank, self.dumped)
-            except OSError as error:
+            except (OSError, DenseCCLError) as error:
                 self.dumped = ""
-                log.warning("denseccl rank %d: could not write the flight recorder dump: %s", self.rank, error)
+                log.warning("denseccl rank %d: flight recorder dump not written: %s", self.rank, error)
 
     # -- dumps ---------------------------------------------------------------------------------
 
     def entries(self) -> List[Dict[str, Any]]:
         """The calls in the ring, oldest first, as plain data (wall-clock times in seconds)."""
         offset = time.time() - time.monotonic()
-        calls = []
-        for seq, descriptor, started in self.ring.copy():  # one step: another thread may append meanwhile
-            entry: Dict[str, Any] = dict(seq=seq, **descriptor.fields())
-            entry["started"] = started + offset
+        first = self.count
+        calls, times = self.calls[:], self.times[:]  # each one step: another thread may record meanwhile
+        last = self.count  # the slots of calls first..last may hold newer calls than those counted first
+        entries = []
+        for seq in range(max(0, last + 1 - self.length), first):
+            slot = seq % self.length
+            entry: Dict[str, Any] = dict(seq=seq, **calls[slot].fields())
+            entry["started"] = times[slot] + offset
             failure = self.failures.get(seq)
             if failure is not None:
                 entry.update(state="failed", error=failure[0], failed=failure[1] + offset)
             else:
                 entry["state"] = "started" if seq in self.unfinished else "completed"
-            calls.append(entry)
-        return calls
+            entries.append(entry)
+        return entries
 
     def snapshot(self, reason: str) -> Dict[str, Any]:
         """The whole dump as plain data."""
         calls = self.entries()
         return {
-            "format": FORMAT, "rank": self.rank, "size": self.size, "communicator": self.number,
+            "format": FORMAT, "rank": self.rank, "size": self.size, "communicator": self.number, "job": self.job,
             "backend": self.backend, "host": socket.gethostname(), "pid": os.getpid(), "reason": reason,
             "written": time.time(), "capacity": self.capacity, "recorded": calls[-1]["seq"] + 1 if calls else 0,
             "calls": calls,
         }
 
+    def folder(self, directory: Optional[str] = None) -> str:
+        """The folder this recorder's dumps go to: its job's, in ``directory`` (default
+        ``DENSECCL_TRACE_DIR``, else the per-user default)."""
+        return trace_files.job_folder(directory, self.job)
+
     def dump(self, directory: Optional[str] = None, reason: str = "on request") -> str:
-        """Write the ring to ``directory`` (default ``DENSECCL_TRACE_DIR``) as
-        ``comm<number>-rank<rank>.json`` and return its path."""
-        folder = directory or config.trace_dir()
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"comm{self.number}-rank{self.rank}.json")
+        """Write the ring as ``comm<number>-rank<rank>.json`` into its job's folder in
+        ``directory`` (see :meth:`folder`) and return its path. A folder that another user could
+        read or redirect raises :class:`trace_files.UnsafeFolder` (a DenseCCLError); nothing
+        is written then."""
         text = json.dumps(self.snapshot(reason), indent=1)
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "w") as handle:
-            handle.write(text)
-        os.replace(partial, path)  # a reader never sees half a dump
-        return path
+        name = f"comm{self.number}-rank{self.rank}.json"
+        fd, folder = trace_files.open_job_folder(directory, self.job)
+        try:
+            trace_files.write(fd, name, text)
+        finally:
+            os.close(fd)
+        return os.path.join(folder, name)
 
 
-def recorder_for(rank: int, size: int, backend: str) -> Optional[Recorder]:
-    """A recorder for a new communicator, or None when ``DENSECCL_TRACE_BUFFER`` is 0."""
+def recorder_for(rank: int, size: int, backend: str, control: Any, deadline: Optional[float]) -> Optional[Recorder]:
+    """A recorder for a new communicator, or None when ``DENSECCL_TRACE_BUFFER`` is 0. Its job id
+    is agreed over ``control`` (collective: every rank of the new communicator calls this)."""
     capacity = config.settings().trace_buffer
-    return Recorder(rank, size, backend, capacity) if capacity else None
+    if not capacity:
+        return None
+    return Recorder(rank, size, backend, capacity, trace_files.agree_job(control, size, deadline))
 
 
 def dump_all(directory: Optional[str] = None) -> List[str]:
     """Dump every live communicator's recorder of this process (``denseccl.dump_traces``);
-    the paths written."""
-    return [recorder.dump(directory) for recorder in sorted(_live, key=lambda r: r.number) if recorder.count]
+    the paths written. A dump that cannot be written is skipped with a warning (this may run
+    in a signal handler)."""
+    written = []
+    for recorder in sorted(_live, key=lambda r: r.number):
+        if recorder.count:
+            try:
+                written.append(recorder.dump(directory))
+            except (OSError, DenseCCLError) as error:
+                log.warning("denseccl rank %d: flight recorder dump not written: %s", recorder.rank, error)
+    return written
 
 
 __all__ = ["FORMAT", "Recorder", "dump_all", "recorder_for"]

@@ -1,6 +1,7 @@
 """``python -m denseccl.trace_summary DIR``: read every rank's flight recorder dump in ``DIR`` and say,
 per communicator, which rank is behind and at which call, which rank wrote no dump, which calls
-failed where, and where the ranks' descriptors differ.
+failed where, and where the ranks' descriptors differ. ``DIR`` is one job's folder, or the folder
+above the job folders (``DENSECCL_TRACE_DIR``, the per-user default), where the newest job is read.
 
 A rank is behind when it recorded fewer calls than the others (the call it never made is the
 next one of its sequence, as the others recorded it), when it began the last call only after a
@@ -37,6 +38,18 @@ def load(directory: str) -> Dict[int, Dict[int, Dict[str, Any]]]:
         if isinstance(dump, dict) and dump.get("format") == FORMAT:
             found.setdefault(dump["communicator"], {})[dump["rank"]] = dump
     return found
+
+
+def job_folders(directory: str) -> List[str]:
+    """The folders in ``directory`` that hold dumps (one per job), the newest dump's first."""
+    found = []
+    for name in os.listdir(directory):
+        folder = os.path.join(directory, name)
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            times = [entry.stat().st_mtime for entry in os.scandir(folder) if entry.name.endswith(".json")]
+            if times:
+                found.append((max(times), folder))
+    return [folder for _, folder in sorted(found, reverse=True)]
 
 
 def describe(call: Dict[str, Any]) -> str:
@@ -150,6 +163,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"python -m denseccl.trace_summary: {args.directory} is not a folder", file=sys.stderr)
         return 2
     found = load(args.directory)
+    jobs = [] if found else job_folders(args.directory)
+    if jobs:
+        others = f" (the newest of {len(jobs)} jobs; pass another job's folder to read it)" if len(jobs) > 1 else ""
+        print(f"job folder {jobs[0]}{others}")
+        found = load(jobs[0])
     if not found:
         print(f"python -m denseccl.trace_summary: no flight recorder dumps in {args.directory}", file=sys.stderr)
         return 2
@@ -158,7 +176,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-__all__ = ["describe", "load", "main", "summarize"]
+__all__ = ["describe", "job_folders", "load", "main", "summarize"]
 
 
 if __name__ == "__main__":

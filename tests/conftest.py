@@ -1,4 +1,7 @@
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support import segments  # noqa: E402 - needs the path above
+
+
+#: the flight recorder's dump folder of this run (the recorder is on by default, and the fault
+#: tests dump): made per run and removed after it, so that no dump is left in the temporary directory
+_TRACES: list = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "DENSECCL_TRACE_DIR" not in os.environ:
+        _TRACES.append(tempfile.mkdtemp(prefix="denseccl-test-traces-"))
+        os.environ["DENSECCL_TRACE_DIR"] = _TRACES[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _TRACES:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("DENSECCL_TRACE_DIR", None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

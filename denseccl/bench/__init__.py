@@ -5,5 +5,6 @@ Modules, one job each: ``options`` (the command line, nccl-tests' flags), ``conv
 libraries), ``contenders`` / ``gpu`` (what is measured), ``job`` (the ranks and their
 communicators), ``meta`` (versions, hosts, CPUs, ``--pin``), ``timing``, ``runner`` (the loop),
 ``progress`` (stderr during long runs), ``table``, ``plot``, ``report`` (tables from JSON),
-``__main__`` (the command line). docs/benchmark.md describes the flags, columns and results.
+``__main__`` (the command line); ``recorder_hook`` times the flight recorder's cost per call on
+its own. docs/benchmark.md describes the flags, columns and results.
 """

@@ -7,7 +7,9 @@ disagrees with MPI's. Any other launch (torchrun, ``mp.spawn``, env://, file://,
 them over the gloo engine (denseccl/backends/gloo/transport.py), made from the group's own store.
 
 Here too is the ``denseccl://`` rendezvous of an MPI launch, which also answers ``env://``
-without ``MASTER_ADDR`` / ``MASTER_PORT`` (docs/torch.md, Launching).
+without ``MASTER_ADDR`` / ``MASTER_PORT``; with them but without ``RANK`` / ``WORLD_SIZE`` (cluster
+scripts export the address alone), ``env://`` takes the rank and size from the launcher: MPI's
+under mpiexec, mpirun or srun with PMI, srun's own without MPI (docs/torch.md, Launching).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from ..wait import deadline_after, wait_until
 
 SCHEME = "denseccl"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+#: what srun sets in each task it starts: its rank, and the size of its step (the batch script
+#: itself has SLURM_PROCID and SLURM_NTASKS but is no step of many tasks: it has neither of these two)
+SLURM_RANK, SLURM_STEP_SIZE = "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"
+#: env://'s query parameters and the variables torch reads them from otherwise
+ENV_PLACE = (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
 
 
 def mpi_store(timeout: datetime.timedelta) -> Tuple[Any, int, int]:
@@ -73,17 +80,55 @@ def needs_mpi_rendezvous() -> bool:
     return launched_by_mpi() and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
 
 
+def launched_by_srun() -> bool:
+    """Whether srun started this process as a task of a job step (with or without MPI)."""
+    return bool(os.environ.get(SLURM_RANK, "").isdigit() and os.environ.get(SLURM_STEP_SIZE, "").isdigit())
+
+
+def launcher_place() -> Optional[Tuple[int, int]]:
+    """``(rank, size)`` as the launcher says: MPI's world under an MPI launcher (the ranks the
+    MPI engine needs), else srun's ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS``; None when
+    neither started this process."""
+    if launched_by_mpi():
+        host_engine()  # mpi4py must be there: say how to install it
+        from mpi4py import MPI  # noqa: PLC0415
+
+        return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    if launched_by_srun():
+        return int(os.environ[SLURM_RANK]), int(os.environ[SLURM_STEP_SIZE])
+    return None
+
+
+def with_launcher_place(url: str) -> str:
+    """``url`` (env://) with the rank and world size the launcher gives, where neither its query
+    nor ``RANK`` / ``WORLD_SIZE`` gives them (torch's env:// would refuse: "environment
+    variable RANK expected, but not set")."""
+    parsed = urlparse(url)
+    given = parse_qs(parsed.query)
+    missing = [name for name, variable in ENV_PLACE if name not in given and not os.environ.get(variable)]
+    place = launcher_place() if missing else None
+    if place is None:
+        return url
+    values = dict(zip((name for name, _ in ENV_PLACE), place))
+    added = "&".join(f"{name}={values[name]}" for name in missing)
+    return f"{url}{'&' if parsed.query else '?'}{added}"
+
+
 def register() -> None:
-    """Register ``denseccl://``; under an MPI launch, let ``env://`` fall back to it."""
+    """Register ``denseccl://``; under an MPI launch, let ``env://`` fall back to it, and under an
+    MPI launch or srun, let ``env://`` take the rank and world size from the launcher."""
     module = importlib.import_module("torch.distributed.rendezvous")  # the name alone is a function
     handlers = module._rendezvous_handlers  # torch has no public way to extend env://
     if SCHEME not in handlers:
         module.register_rendezvous_handler(SCHEME, _handler)
     original = handlers.get("env")
-    if launched_by_mpi() and original is not None and not getattr(original, "denseccl", False):
+    launched = launched_by_mpi() or launched_by_srun()
+    if launched and original is not None and not getattr(original, "denseccl", False):
 
         def env(url: str, **kwargs: Any) -> Any:
-            return (_handler if needs_mpi_rendezvous() else original)(url, **kwargs)
+            if needs_mpi_rendezvous():
+                return _handler(url, **kwargs)
+            return original(with_launcher_place(url), **kwargs)
 
         env.denseccl = True  # type: ignore[attr-defined]
         handlers["env"] = env

@@ -1,9 +1,13 @@
 """The flight recorder read back through its summary command: a rank that skipped a call, a
-stopped rank, a layout mismatch (3 real ranks each; rank program: ranks/recorder.py)."""
+stopped rank, a layout mismatch (3 real ranks each; rank program: ranks/recorder.py); two jobs on
+one host that keep both dumps, and a job whose dump folder another user made first (2 ranks
+each; ranks/trace_jobs.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +63,8 @@ def test_summary_names_a_stopped_rank(tmp_path):
     ), text
     for rank in (0, 2):
         assert f"rank {rank}: call #3 ({CALL}) failed: " in text, text
-    dump = json.loads((tmp_path / "comm0-rank0.json").read_text())
+    (found,) = tmp_path.glob("*/comm0-rank0.json")  # in the job's folder
+    dump = json.loads(found.read_text())
     assert dump["reason"].startswith("failure: ") and [c["state"] for c in dump["calls"]] == ["completed"] * 3 + [
         "failed"
     ], dump
@@ -81,3 +86,55 @@ def test_summary_shows_where_descriptors_differ(tmp_path):
         mine = CALL if rank != 1 else "allreduce op=sum float32 shape (4, 6) strides (1, 4)"
         seen = f"failed: MismatchError: collective mismatch seen by rank {rank}: ranks disagree on layout."
         assert f"rank {rank}: call #2 ({mine}) {seen}" in text, text
+
+
+def trace_job(mode: str, tmpdir: Path) -> subprocess.CompletedProcess:
+    """A 2-rank job (ranks/trace_jobs.py) that dumps into the per-user default folder under
+    ``tmpdir``; its stdout."""
+    env = {"TMPDIR": str(tmpdir), "DENSECCL_TRACE_DIR": "", "DENSECCL_TRACE_BUFFER": ""}  # the defaults
+    done = run_ranks(2, RANKS / "trace_jobs.py", [mode], timeout=100, env=env)
+    expect_summaries(done.stdout, f"trace-jobs-{mode}", 2)
+    return done
+
+
+@pytest.mark.timeout(250)
+def test_two_jobs_on_one_host_keep_both_dumps(tmp_path):
+    first, second = (trace_job("dump", tmp_path).stdout for _ in range(2))
+    default = tmp_path / f"denseccl-trace-{os.geteuid()}"
+    jobs = []
+    for out in (first, second):
+        (job,) = set(line.split()[1] for line in out.splitlines() if line.startswith("job "))
+        dumped = sorted(line.split()[1] for line in out.splitlines() if line.startswith("dumped "))
+        assert dumped == [str(default / job / f"comm0-rank{r}.json") for r in range(2)], out
+        jobs.append(job)
+    assert jobs[0] != jobs[1] and sorted(os.listdir(default)) == sorted(jobs)
+    assert stat.S_IMODE(os.stat(default).st_mode) == 0o700
+    for job in jobs:  # both jobs' dumps are whole and read back
+        assert sorted(os.listdir(default / job)) == ["comm0-rank0.json", "comm0-rank1.json"]
+        text = summary(default / job)
+        assert "communicator 0: 2 ranks, dumps from ranks 0, 1" in text, text
+        assert "no rank is behind: every rank made 3 calls" in text, text
+        assert "descriptors: every call the ranks' dumps share (#0-#2) is the same on every rank" in text, text
+    text = summary(default)  # the folder above the jobs: the newest job
+    assert text.startswith(f"job folder {default / jobs[1]} (the newest of 2 jobs;"), text
+
+
+@pytest.mark.timeout(150)
+def test_a_job_whose_dump_folder_another_user_made_warns_and_runs_on(tmp_path):
+    default = tmp_path / f"denseccl-trace-{os.geteuid()}"
+    default.mkdir(mode=0o777)
+    os.chown(default, 4242, 4242)
+    done = trace_job("refused", tmp_path)
+    assert os.listdir(default) == []
+    refusals = [line for line in done.stderr.splitlines() if "flight recorder dump not written" in line]
+    assert len(refusals) == 2 and all("belongs to uid 4242" in line for line in refusals), done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_recorder_hook_times_on_off_and_off_again_on_two_ranks():
+    done = run_ranks(2, "-m", ["denseccl.bench.recorder_hook", "--calls", "20", "--blocks", "6"], timeout=100)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "# 4096 B float32 allreduce, 2 rank(s), 6 blocks x 20 calls, alternating", done.stdout
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert sorted(rows) == ["clock", "off", "off2", "on"], done.stdout
+    assert "min: 1.0000 (+0 ns)" in rows["off"], done.stdout  # off is the reference of the ratios

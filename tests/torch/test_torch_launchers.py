@@ -4,6 +4,8 @@ in tests/torch/ranks/ check every result against references of all ranks' inputs
 
 from __future__ import annotations
 
+import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.support.checker import expect_passed
-from tests.torch.launchers import python, torchrun
+from tests.torch.launchers import python, run, torchrun
 
 RANKS = Path(__file__).parent / "ranks"
 pytestmark = pytest.mark.torch
@@ -59,3 +61,23 @@ def test_adapter_errors_on_one_rank_raise_everywhere_under_torchrun():
 
 def test_repeated_calls_touch_no_new_memory_under_torchrun():
     expect_passed(torchrun(2, RANKS / "repeated_calls.py", timeout=180), 2)
+
+
+#: srun's part, as far as a job step goes: N tasks, each with SLURM_PROCID and SLURM_STEP_NUM_TASKS
+#: (no MPI: the tasks meet on the MASTER_ADDR:MASTER_PORT store); fails if any task fails
+SRUN = (
+    'unset RANK WORLD_SIZE; pids=""; for r in $(seq 0 $(($1 - 1))); do '
+    'SLURM_PROCID=$r SLURM_STEP_NUM_TASKS=$1 "$2" "$3" srun & pids="$pids $!"; done; '
+    'status=0; for p in $pids; do wait $p || status=1; done; exit $status'
+)
+
+
+def test_init_under_srun_with_master_addr_but_no_rank():
+    """Issue 25 item 5 under srun without MPI: MASTER_ADDR/MASTER_PORT exported, no RANK or
+    WORLD_SIZE; the rank and size come from srun's task variables, gloo moves the tensors."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "SLURM_JOB_ID": "4242"}
+    command = ["bash", "-c", SRUN, "srun", "2", sys.executable, str(RANKS / "launcher_place.py")]
+    expect_passed(run(command, timeout=180, env=env), 2)

@@ -4,6 +4,7 @@ every result with references computed with plain torch from all ranks' inputs.""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,19 @@ def test_init_methods_and_rank_check():
     result = run_ranks(2, RANKS / "init_methods.py", timeout=120, env={"DENSECCL_TIMEOUT": ""})
     expect_passed(result, 2)
     assert result.stdout.count("torch rank") == 2, "each rank explains the rank mismatch"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_init_under_mpiexec_with_master_addr_but_no_rank():
+    """Issue 25 item 5: cluster scripts export MASTER_ADDR/MASTER_PORT under mpiexec but no RANK
+    or WORLD_SIZE: the rank and size come from MPI, the store from MASTER_ADDR:MASTER_PORT."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    expect_passed(run_ranks(2, RANKS / "launcher_place.py", ["mpi"], timeout=120, env=env), 2)
 
 
 def test_ddp_grad_layout():

@@ -1,9 +1,14 @@
 """The flight recorder's ring on its own (recorder.py, no ranks): bounded, in order, the states
-of its calls, the settings that size and place it. Real ranks: tests/mpi/test_recorder.py."""
+of its calls, the settings that size and place it, and dump folders that are not safe on a shared
+host (made first by another user, or holding a symlink). Real ranks: tests/mpi/test_recorder.py."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import stat
+import tempfile
 
 import pytest
 
@@ -12,6 +17,9 @@ from denseccl.agreement import Descriptor
 from denseccl.errors import CollectiveTimeoutError, DenseCCLError, MismatchError
 from denseccl.recorder import FORMAT, Recorder
 from denseccl.trace_summary import summarize
+
+#: a uid that is not this process's: the owner of folders "another user" made first
+OTHER_UID = 4242
 
 
 def call(n: int) -> Descriptor:
@@ -44,7 +52,7 @@ def test_a_timeout_dumps_once_into_the_trace_dir(tmp_path, monkeypatch):
     ring = Recorder(0, 2, "mpi", 8)
     ring.record(call(1))
     ring.failed(CollectiveTimeoutError("a peer never joined"))
-    assert ring.dumped == str(tmp_path / f"comm{ring.number}-rank0.json")
+    assert ring.dumped == str(tmp_path / ring.job / f"comm{ring.number}-rank0.json")
     first = json.loads(open(ring.dumped).read())
     assert first["reason"] == "failure: a peer never joined" and first["calls"][0]["state"] == "failed"
     ring.record(call(2))
@@ -68,7 +76,111 @@ def test_summary_of_two_ranks_whose_call_counts_differ():
 
 
 def test_settings():
-    assert config.settings({}).trace_buffer == 0 and config.settings({}).trace_dir is None
+    assert config.settings({}).trace_dir is None
+    assert config.settings({"DENSECCL_TRACE_BUFFER": "0"}).trace_buffer == 0
     assert config.settings({"DENSECCL_TRACE_BUFFER": "256"}).trace_buffer == 256
     with pytest.raises(DenseCCLError, match="DENSECCL_TRACE_BUFFER must be a whole number"):
         config.settings({"DENSECCL_TRACE_BUFFER": "-3"})
+
+
+def test_the_recorder_is_on_by_default():
+    assert config.settings({}).trace_buffer == config.DEFAULT_TRACE_BUFFER == 1024
+
+
+def test_the_ring_is_made_once_and_holds_what_it_recorded():
+    ring = Recorder(0, 2, "mpi", 3)
+    calls, times = ring.calls, ring.times
+    descriptors = [call(n) for n in range(7)]
+    for n, descriptor in enumerate(descriptors):
+        ring.record(descriptor, now=100.0 + n)
+    assert ring.calls is calls and ring.times is times and len(calls) == len(times) == 4  # never regrown
+    assert ring.count == 7 and [e["seq"] for e in ring.entries()] == [4, 5, 6]
+    assert [calls[seq % 4] for seq in (4, 5, 6)] == descriptors[4:]  # by reference, not copied
+    offset = ring.entries()[0]["started"] - 104.0
+    assert [round(e["started"] - offset, 6) for e in ring.entries()] == [104.0, 105.0, 106.0]
+
+
+@pytest.fixture
+def own_tmpdir(tmp_path, monkeypatch):
+    """The temporary directory (where the per-user default folder goes) moved into ``tmp_path``."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() caches its answer
+    monkeypatch.delenv("DENSECCL_TRACE_DIR", raising=False)
+    return tmp_path
+
+
+def failing_ring(rank: int = 0) -> Recorder:
+    ring = Recorder(rank, 2, "mpi", 8)
+    ring.record(call(1))
+    return ring
+
+
+def test_the_default_folder_is_the_users_own_with_a_folder_per_job(own_tmpdir):
+    ring = failing_ring()
+    ring.failed(CollectiveTimeoutError("a peer never joined"))
+    default = own_tmpdir / f"denseccl-trace-{os.geteuid()}"
+    assert config.trace_dir() == str(default)
+    assert ring.dumped == str(default / ring.job / f"comm{ring.number}-rank0.json")
+    for folder in (default, default / ring.job):
+        info = os.lstat(folder)
+        assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.geteuid()
+    assert stat.S_IMODE(os.stat(ring.dumped).st_mode) == 0o600
+    assert sorted(os.listdir(default / ring.job)) == [f"comm{ring.number}-rank0.json"]  # no temporary left
+
+
+def refused(caplog, ring: Recorder) -> str:
+    """Break ``ring``'s communicator: it must warn that the dump was not written, and raise
+    when asked to dump."""
+    with caplog.at_level(logging.WARNING, logger="denseccl"):
+        ring.failed(CollectiveTimeoutError("a peer never joined"))  # must not raise
+    assert ring.dumped == "", ring.dumped
+    warnings = [r.getMessage() for r in caplog.records if "dump not written" in r.getMessage()]
+    assert len(warnings) == 1, caplog.records
+    with pytest.raises(DenseCCLError) as raised:
+        ring.dump()
+    assert str(raised.value) in warnings[0]
+    return warnings[0]
+
+
+def test_a_default_folder_made_first_by_another_user_is_refused(own_tmpdir, caplog):
+    default = config.trace_dir()
+    os.mkdir(default, 0o777)
+    os.chmod(default, 0o777)  # as an attacker would leave it
+    os.chown(default, OTHER_UID, OTHER_UID)
+    warning = refused(caplog, failing_ring())
+    assert f"belongs to uid {OTHER_UID}" in warning and "DENSECCL_TRACE_DIR" in warning, warning
+    assert os.listdir(default) == []
+
+
+def test_a_default_folder_that_is_a_symlink_is_refused(own_tmpdir, caplog):
+    elsewhere = own_tmpdir / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, config.trace_dir())
+    warning = refused(caplog, failing_ring())
+    assert "is a symlink or not a folder" in warning, warning
+    assert os.listdir(elsewhere) == []
+
+
+def test_a_job_folder_made_first_by_another_user_is_refused(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("DENSECCL_TRACE_DIR", str(tmp_path / "traces"))
+    ring = failing_ring()
+    taken = tmp_path / "traces" / ring.job
+    taken.mkdir(parents=True)
+    os.chown(taken, OTHER_UID, OTHER_UID)
+    warning = refused(caplog, ring)
+    assert f"the job's dump folder {taken} belongs to uid {OTHER_UID}" in warning, warning
+    assert os.listdir(taken) == []
+
+
+def test_a_symlink_where_the_dump_goes_is_refused_and_not_written_through(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("DENSECCL_TRACE_DIR", str(tmp_path / "traces"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    ring = failing_ring()
+    first = ring.dump()  # the folder is made and safe: plant a symlink at the dump's own name
+    os.unlink(first)
+    os.symlink(victim, first)
+    warning = refused(caplog, ring)
+    assert "is a symlink" in warning, warning
+    assert victim.read_text() == "keep me" and os.path.islink(first)
+    assert sorted(os.listdir(os.path.dirname(first))) == [os.path.basename(first)]  # no temporary left

@@ -45,8 +45,9 @@ def allreduce(comm, check: Checker, call: int, paired, x=None) -> None:
     check.check(np.array_equal(x, want), f"call {call}: {x.ravel()[:4]} != {want.ravel()[:4]}")
 
 
-def dump_of(rank: int) -> str:
-    return os.path.join(os.environ["DENSECCL_TRACE_DIR"], f"comm0-rank{rank}.json")
+def dump_of(comm, rank: int) -> str:
+    """Where rank ``rank``'s dump goes: the job's folder, which every rank agreed on."""
+    return os.path.join(comm.flow.recorder.folder(), f"comm0-rank{rank}.json")
 
 
 def wait_for(path: str) -> None:
@@ -63,7 +64,7 @@ def fails(comm, check: Checker, call: int) -> None:
         lambda: comm.allreduce(inputs(comm.rank, call)),
     )
     check.check(time.monotonic() - started < 60, "the failing call took over a minute")
-    check.check(os.path.exists(dump_of(comm.rank)), f"no dump at {dump_of(comm.rank)}")
+    check.check(os.path.exists(dump_of(comm, comm.rank)), f"no dump at {dump_of(comm, comm.rank)}")
 
 
 def skip(comm, check: Checker) -> None:
@@ -72,7 +73,7 @@ def skip(comm, check: Checker) -> None:
         for call in range(CALLS - 1):
             allreduce(comm, check, call, lambda r, c=call: c + (r == 2 and c >= SKIPPED))
         fails(comm, check, CALLS - 1)
-        wait_for(dump_of(2))  # leaving first would make the launcher end rank 2 before it dumps
+        wait_for(dump_of(comm, 2))  # leaving first would make the launcher end rank 2 before it dumps
         return
     for call in range(CALLS):
         if call != SKIPPED:
@@ -81,7 +82,7 @@ def skip(comm, check: Checker) -> None:
     while comm.broken is None and time.monotonic() < until:  # a peer's give-up dumps here
         time.sleep(0.05)
     check.check(comm.broken is not None and "gave up" in comm.broken, f"rank 2 never heard: {comm.broken}")
-    check.check(os.path.exists(dump_of(rank)), f"no dump at {dump_of(rank)}")
+    check.check(os.path.exists(dump_of(comm, rank)), f"no dump at {dump_of(comm, rank)}")
 
 
 def stop(comm, check: Checker, world) -> None:
@@ -117,7 +118,7 @@ def mismatch(comm, check: Checker) -> None:
             continue
         allreduce(comm, check, call, lambda r, c=call: c, x)
     path = comm.dump_trace()
-    check.check(path == dump_of(rank), f"dump written to {path}")
+    check.check(path == dump_of(comm, rank), f"dump written to {path}")
 
 
 def main() -> None:
