@@ -8,9 +8,11 @@ reduce-scatters, all_to_all_single, barrier, send, recv). The others (``all_gath
 ``reduce_scatter_single``, ``reduce``, ``gather``, ``scatter``, ``alltoall``,
 ``allgather_coalesced``), when C++ calls them, become dispatcher ops (``c10d::_allgather_base_``
 ...) whose CPU and CUDA kernels ask the group for its C++ backend of that device type, which a
-Python group has none of: "No backend type associated with device type cpu". C++ makes such
-calls in torch's functional collectives, e.g. ``_c10d_functional.all_gather_into_tensor_out``
-(which inductor's FSDP bucketing emits).
+Python group has none of: "No backend type associated with device type cpu"; and
+``startCoalescing`` asks for it directly. C++ makes such calls in torch's functional
+collectives: ``_c10d_functional.all_gather_into_tensor_out`` (which inductor's FSDP bucketing
+emits) and ``batch_p2p_ops`` (a compiled ``batch_isend_irecv``), which brackets its sends and
+receives with ``startCoalescing``.
 
 :func:`install` registers a kernel for those ops at the ``BackendSelect`` dispatch key, which
 every call passes through before the device's kernel (inference mode included): for a denseccl
@@ -30,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch._C import DispatchKey
-from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+from torch._C._distributed_c10d import PythonCallbackWork, _register_work  # type: ignore[attr-defined]
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 #: the position of the process group among each routed op's arguments
 _GROUP_AT = {
@@ -41,16 +44,23 @@ _GROUP_AT = {
     "scatter_": 2,
     "alltoall_": 2,
     "allgather_coalesced_": 2,
+    "_c10d_functional::batch_p2p_ops": 4,
 }
 
 _lock = threading.Lock()
-_library: Optional[Any] = None
+_library: Optional[Dict[str, Any]] = None
+
+
+def _held(work: dist.Work) -> dist.Work:
+    """A C++ Work whose ``wait`` runs ``work.wait`` (with the GIL): C++ may hold it after the
+    Python Work is gone, and a C++ caller that waits holding the GIL (``wait_tensor``) must
+    complete the operation itself, as the progress thread cannot run meanwhile."""
+    return PythonCallbackWork(work.wait)
 
 
 def _boxed(work: dist.Work) -> Any:
-    """The group's Work as the dispatcher carries it. A Python Work is rewrapped over its
-    future, so that C++ never holds a Python object it does not keep alive."""
-    return _create_work_from_future(work.get_future()).boxed()
+    """The group's Work as the dispatcher carries it."""
+    return _held(work).boxed()
 
 
 def _op(boxed: Any) -> dist.ReduceOp:
@@ -111,6 +121,24 @@ def _allgather_coalesced(group: Any, outputs: Any, inputs: Any, _: Any, async_op
     return _boxed(group.allgather_coalesced(outputs, inputs, _options(_c10d.AllgatherOptions, async_op)))
 
 
+def _batch_p2p_ops(group: Any, kinds: Any, peers: Any, tags: Any, tensors: Any, _: Any) -> Any:
+    """torch's functional ``batch_p2p_ops``, which brackets the sends and receives with the
+    group's C++ ``startCoalescing`` / ``endCoalescing`` (not forwarded either): each one here
+    is the group's own send or recv, its Work registered on the tensor ``wait_tensor`` is
+    given (an empty tensor for a send, the buffer itself for a receive, as torch returns)."""
+    results = []
+    for kind, peer, tag, tensor in zip(kinds, peers, tags, tensors):
+        if kind == "isend":
+            work, result = group.send([tensor], peer, tag), tensor.new_empty(0)
+        elif kind == "irecv":
+            work, result = group.recv([tensor], peer, tag), tensor
+        else:
+            raise ValueError(f"batch_p2p_ops: unknown operation {kind!r} (isend and irecv are)")
+        _register_work(result, _held(work))
+        results.append(result)
+    return results
+
+
 #: op name -> the call of the group's method (the group first, then the op's own arguments)
 ROUTES: Dict[str, Callable[..., Any]] = {
     "_allgather_base_": _allgather_base,
@@ -120,28 +148,37 @@ ROUTES: Dict[str, Callable[..., Any]] = {
     "scatter_": _scatter,
     "alltoall_": _alltoall,
     "allgather_coalesced_": _allgather_coalesced,
+    "_c10d_functional::batch_p2p_ops": _batch_p2p_ops,
 }
 
 
 def _route(name: str, owner: type, keyset: Any, *args: Any) -> Any:
-    group = dist.ProcessGroup.unbox(args[_GROUP_AT[name]])
+    namespace, _, op_name = name.rpartition("::")
+    if namespace:  # a functional op names its group
+        group = _resolve_process_group(args[_GROUP_AT[name]])
+    else:
+        group = dist.ProcessGroup.unbox(args[_GROUP_AT[name]])
     if isinstance(group, owner):
         return ROUTES[name](group, *args)
-    op = getattr(torch.ops.c10d, name).default
+    op = getattr(getattr(torch.ops, namespace or "c10d"), op_name).default
     return op.redispatch(keyset.remove(DispatchKey.BackendSelect), *args)
 
 
 def install(owner: type) -> None:
     """Route the ops of :data:`ROUTES` on groups of class ``owner`` to their methods (once per
-    process; idempotent)."""
+    process; idempotent). The libraries stay registered for the process's life."""
     global _library
     with _lock:
         if _library is not None:
             return
-        library = torch.library.Library("c10d", "IMPL")
+        libraries: Dict[str, Any] = {}
         for name in ROUTES:
-            library.impl(name, functools.partial(_route, name, owner), "BackendSelect", with_keyset=True)
-        _library = library
+            namespace, _, op_name = name.rpartition("::")
+            library = libraries.get(namespace) or libraries.setdefault(
+                namespace, torch.library.Library(namespace or "c10d", "IMPL")
+            )
+            library.impl(op_name, functools.partial(_route, name, owner), "BackendSelect", with_keyset=True)
+        _library = libraries
 
 
 def installed() -> bool:

@@ -59,3 +59,9 @@ def test_adapter_errors_on_one_rank_raise_everywhere_under_torchrun():
 
 def test_repeated_calls_touch_no_new_memory_under_torchrun():
     expect_passed(torchrun(2, RANKS / "repeated_calls.py", timeout=180), 2)
+
+
+def test_torch_tooling_under_torchrun():
+    """Every functional collective (out-variants included), the C++ calls torch's trampoline does
+    not forward, device types, sequence numbers and profiler ranges, side by side with gloo."""
+    expect_passed(torchrun(2, RANKS / "torch_tooling.py", timeout=240, env={"DENSECCL_TRACE_BUFFER": "64"}), 2)
