@@ -1,32 +1,31 @@
-"""torch's C++ calls of a denseccl group's collectives that torch's process-group trampoline
-does not forward to Python, routed to the group's Python methods (docs/torch.md, torch
-internals).
+"""The functional collectives that reach a denseccl group only through C++ methods torch's
+process-group trampoline does not forward to Python, routed to the group's Python methods
+(docs/torch.md, torch internals).
 
-torch's ``PyProcessGroup`` (the C++ face of a Python ``ProcessGroup`` subclass) forwards only
-some virtual methods to Python (allreduce, broadcast, allgather, the coalesced gathers and
-reduce-scatters, all_to_all_single, barrier, send, recv). The others (``all_gather_single``,
-``reduce_scatter_single``, ``reduce``, ``gather``, ``scatter``, ``alltoall``,
-``allgather_coalesced``), when C++ calls them, become dispatcher ops (``c10d::_allgather_base_``
-...) whose CPU and CUDA kernels ask the group for its C++ backend of that device type, which a
-Python group has none of: "No backend type associated with device type cpu"; and
-``startCoalescing`` asks for it directly. C++ makes such calls in torch's functional
-collectives: ``_c10d_functional.all_gather_into_tensor_out`` (which inductor's FSDP bucketing
-emits) and ``batch_p2p_ops`` (a compiled ``batch_isend_irecv``), which brackets its sends and
-receives with ``startCoalescing``.
+torch's ``PyProcessGroup`` (the C++ face of a Python ``ProcessGroup`` subclass) forwards some
+virtual methods to Python (allreduce, broadcast, allgather, the coalesced gathers and
+reduce-scatters, all_to_all_single, barrier, send, recv), not the others: called from C++,
+``all_gather_single`` becomes the dispatcher op ``c10d::_allgather_base_``, whose CPU and CUDA
+kernels ask the group for its C++ backend of that device type, which a Python group has none
+of ("No backend type associated with device type cpu"), and ``startCoalescing`` asks for it
+directly. Of torch's functional collectives, ``all_gather_into_tensor_out`` (which inductor's
+FSDP bucketing emits) calls the first, ``batch_p2p_ops`` (a compiled ``batch_isend_irecv``)
+the second; every other one calls forwarded methods.
 
-:func:`install` registers a kernel for those ops at the ``BackendSelect`` dispatch key, which
-every call passes through before the device's kernel (inference mode included): for a denseccl
-group it calls the group's method, for any other group it hands the call on, unchanged, to
-torch's own kernel. Installed when the first denseccl group is created; from then on the ops
-above cost any other backend's C++ callers in the process one Python call (microseconds).
+:func:`install` registers a kernel for those two ops at the ``BackendSelect`` dispatch key,
+which every call passes through before the device's kernel (inference mode included): for a
+denseccl group it calls the group's own methods, for any other group it hands the call on,
+unchanged, to torch's kernel. That costs another backend's calls of these two ops, in a process
+that also has a denseccl group, one Python call (tens of microseconds); torch's other ops are
+not touched (a route for ``c10d::_allgather_base_`` would add that to every
+``all_gather_into_tensor`` of every group). Installed when the first denseccl group is created.
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -35,20 +34,8 @@ from torch._C import DispatchKey
 from torch._C._distributed_c10d import PythonCallbackWork, _register_work  # type: ignore[attr-defined]
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-#: the position of the process group among each routed op's arguments
-_GROUP_AT = {
-    "_allgather_base_": 2,
-    "_reduce_scatter_base_": 2,
-    "reduce_": 1,
-    "gather_": 2,
-    "scatter_": 2,
-    "alltoall_": 2,
-    "allgather_coalesced_": 2,
-    "_c10d_functional::batch_p2p_ops": 4,
-}
-
 _lock = threading.Lock()
-_library: Optional[Dict[str, Any]] = None
+_library: Optional[Any] = None
 
 
 def _held(work: dist.Work) -> dist.Work:
@@ -58,67 +45,15 @@ def _held(work: dist.Work) -> dist.Work:
     return PythonCallbackWork(work.wait)
 
 
-def _boxed(work: dist.Work) -> Any:
-    """The group's Work as the dispatcher carries it."""
-    return _held(work).boxed()
-
-
-def _op(boxed: Any) -> dist.ReduceOp:
-    """A reduce op from the dispatcher (a TorchScript object whose ``op()`` is its type)."""
-    kind = dist.ReduceOp.RedOpType(boxed.op())
-    if kind == dist.ReduceOp.RedOpType.PREMUL_SUM:  # its factor does not cross the dispatcher
-        raise ValueError(
-            "denseccl: PREMUL_SUM reaches the denseccl group through torch's C++ dispatcher without its factor; "
-            "call the torch.distributed function (or the group's method) from Python instead"
-        )
-    return dist.ReduceOp(kind)
-
-
-def _options(cls: Any, async_op: bool, timeout: int = -1, **fields: Any) -> Any:
-    opts = cls()
-    opts.asyncOp = bool(async_op)
-    if timeout is not None and timeout >= 0:
-        opts.timeout = datetime.timedelta(milliseconds=timeout)
-    for name, value in fields.items():
-        setattr(opts, name, value)
-    return opts
-
-
-def _allgather_base(group: Any, output: Any, input: Any, _: Any, async_op: bool = True, timeout: int = -1) -> Any:  # noqa: A002
-    work = group.all_gather_single(output, input, _options(_c10d.AllgatherOptions, async_op, timeout))
-    return output, _boxed(work)
-
-
-def _reduce_scatter_base(
-    group: Any, output: Any, input: Any, _: Any, op: Any, async_op: bool = True, timeout: int = -1  # noqa: A002
-) -> Any:
-    opts = _options(_c10d.ReduceScatterOptions, async_op, timeout, reduceOp=_op(op))
-    return output, _boxed(group.reduce_scatter_single(output, input, opts))
-
-
-def _reduce(
-    group: Any, tensors: Any, _: Any, op: Any, root: int, root_tensor: int, async_op: bool = True, timeout: int = -1
-) -> Any:
-    opts = _options(_c10d.ReduceOptions, async_op, timeout, reduceOp=_op(op), rootRank=root, rootTensor=root_tensor)
-    return _boxed(group.reduce(tensors, opts))
-
-
-def _gather(group: Any, outputs: Any, inputs: Any, _: Any, root: int, async_op: bool = True, timeout: int = -1) -> Any:
-    return _boxed(group.gather(outputs, inputs, _options(_c10d.GatherOptions, async_op, timeout, rootRank=root)))
-
-
-def _scatter(group: Any, outputs: Any, inputs: Any, _: Any, root: int, async_op: bool = True, timeout: int = -1) -> Any:
-    work = group.scatter(outputs, inputs, _options(_c10d.ScatterOptions, async_op, timeout, rootRank=root))
-    return outputs, _boxed(work)
-
-
-def _alltoall(group: Any, outputs: Any, inputs: Any, _: Any, async_op: bool = True, timeout: int = -1) -> Any:
-    work = group.alltoall(outputs, inputs, _options(_c10d.AllToAllOptions, async_op, timeout))
-    return outputs, _boxed(work)
-
-
-def _allgather_coalesced(group: Any, outputs: Any, inputs: Any, _: Any, async_op: bool = True) -> Any:
-    return _boxed(group.allgather_coalesced(outputs, inputs, _options(_c10d.AllgatherOptions, async_op)))
+def _all_gather_into_tensor_out(group: Any, input: Any, group_size: int, _: Any, *, out: Any) -> Any:  # noqa: A002
+    """torch's functional gather into ``out``, which calls the group's C++ ``all_gather_single``
+    (not forwarded): the group's own method, its Work registered on ``out`` for ``wait_tensor``."""
+    if group_size != group.size():
+        raise ValueError(f"all_gather_into_tensor_out: group_size {group_size}, but the group has {group.size()} ranks")
+    opts = _c10d.AllgatherOptions()
+    opts.asyncOp = True
+    _register_work(out, _held(group.all_gather_single(out, input, opts)))
+    return out
 
 
 def _batch_p2p_ops(group: Any, kinds: Any, peers: Any, tags: Any, tensors: Any, _: Any) -> Any:
@@ -139,51 +74,51 @@ def _batch_p2p_ops(group: Any, kinds: Any, peers: Any, tags: Any, tensors: Any, 
     return results
 
 
-#: op name -> the call of the group's method (the group first, then the op's own arguments)
-ROUTES: Dict[str, Callable[..., Any]] = {
-    "_allgather_base_": _allgather_base,
-    "_reduce_scatter_base_": _reduce_scatter_base,
-    "reduce_": _reduce,
-    "gather_": _gather,
-    "scatter_": _scatter,
-    "alltoall_": _alltoall,
-    "allgather_coalesced_": _allgather_coalesced,
-    "_c10d_functional::batch_p2p_ops": _batch_p2p_ops,
+#: functional op -> (the position of its group's name among its arguments, the call of the
+#: group's methods: the group first, then the op's own arguments)
+ROUTES: Dict[str, Tuple[int, Callable[..., Any]]] = {
+    "all_gather_into_tensor_out": (2, _all_gather_into_tensor_out),
+    "batch_p2p_ops": (4, _batch_p2p_ops),
 }
 
 
-def _route(name: str, owner: type, keyset: Any, *args: Any) -> Any:
-    namespace, _, op_name = name.rpartition("::")
-    if namespace:  # a functional op names its group
-        group = _resolve_process_group(args[_GROUP_AT[name]])
-    else:
-        group = dist.ProcessGroup.unbox(args[_GROUP_AT[name]])
+def _group(named: Any) -> Any:
+    """The process group a functional op names (by its name, or the group itself)."""
+    if isinstance(named, str):
+        return _resolve_process_group(named)
+    return dist.ProcessGroup.unbox(named)
+
+
+def _route(name: str, owner: type, keyset: Any, *args: Any, **kwargs: Any) -> Any:
+    at, call = ROUTES[name]
+    group = _group(args[at])
     if isinstance(group, owner):
-        return ROUTES[name](group, *args)
-    op = getattr(getattr(torch.ops, namespace or "c10d"), op_name).default
-    return op.redispatch(keyset.remove(DispatchKey.BackendSelect), *args)
+        return call(group, *args, **kwargs)
+    op = getattr(torch.ops._c10d_functional, name).default
+    return op.redispatch(keyset.remove(DispatchKey.BackendSelect), *args, **kwargs)
 
 
 def install(owner: type) -> None:
     """Route the ops of :data:`ROUTES` on groups of class ``owner`` to their methods (once per
-    process; idempotent). The libraries stay registered for the process's life."""
+    process; idempotent). The kernels stay registered for the process's life."""
     global _library
     with _lock:
         if _library is not None:
             return
-        libraries: Dict[str, Any] = {}
+        library = torch.library.Library("_c10d_functional", "IMPL")
         for name in ROUTES:
-            namespace, _, op_name = name.rpartition("::")
-            library = libraries.get(namespace) or libraries.setdefault(
-                namespace, torch.library.Library(namespace or "c10d", "IMPL")
-            )
-            library.impl(op_name, functools.partial(_route, name, owner), "BackendSelect", with_keyset=True)
-        _library = libraries
+            library.impl(name, functools.partial(_route, name, owner), "BackendSelect", with_keyset=True)
+        _library = library
 
 
-def installed() -> bool:
-    return _library is not None
+def uninstall() -> None:
+    """Give torch's own kernels back the routed ops (to measure what the routes cost)."""
+    global _library
+    with _lock:
+        if _library is not None:
+            _library._destroy()
+        _library = None
 
 
-__all__ = ["ROUTES", "install", "installed"]
+__all__ = ["ROUTES", "install", "uninstall"]
 

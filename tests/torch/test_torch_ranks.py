@@ -83,6 +83,6 @@ def test_repeated_calls_touch_no_new_memory():
 
 
 def test_torch_tooling():
-    """Every functional collective (out-variants included), the C++ calls torch's trampoline does
-    not forward, device types, sequence numbers and profiler ranges, side by side with gloo."""
+    """Every functional collective (out-variants and batch_p2p_ops included), device types,
+    sequence numbers and profiler ranges, side by side with gloo (issue 26)."""
     expect_passed(run_ranks(2, RANKS / "torch_tooling.py", timeout=240, env={"DENSECCL_TRACE_BUFFER": "64"}), 2)

@@ -1,6 +1,6 @@
 """The backend in torch's tooling, side by side with gloo on the same ranks (issue 26): every
-``_c10d_functional`` op (out-variants and the autograd ones included), the collectives C++
-calls on a group that torch's trampoline does not forward to Python, the group's device types
+``_c10d_functional`` op (out-variants, point-to-point and torch's autograd wrappers
+included), the group's device types
 and backends, sequence numbers (the flight recorder's), and profiler ranges. Every result is
 checked against a reference built from all ranks' inputs, and against gloo's answer.
 Run with mpiexec -n N or torchrun --nproc-per-node N, with DENSECCL_TRACE_BUFFER set."""
@@ -9,7 +9,6 @@ from typing import Any, Callable, Dict, List
 
 import torch
 import torch.distributed as dist
-import torch._C._distributed_c10d as c10d
 import torch.distributed._functional_collectives as fc
 
 from tests.support.checker import Checker
@@ -138,80 +137,6 @@ def functional(check: Checker, groups: Dict[str, Any], rank: int, size: int) -> 
             check.equal(f"functional {op}: denseccl against gloo", answers["denseccl"], answers["gloo"])
 
 
-def unforwarded(check: Checker, groups: Dict[str, Any], rank: int, size: int) -> None:
-    """The group's methods called from C++ (torch's binding of the base class), which the
-    trampoline does not forward: they go through torch's dispatcher."""
-    PG = dist.ProcessGroup
-    each = [values(4, r, (2, 3), torch.float32) for r in range(size)]
-    mine = each[rank]
-    stacked_each = [values(5, r, (size * 2, 3), torch.float32) for r in range(size)]
-    root = size - 1
-
-    def options(cls: Any, **fields: Any) -> Any:
-        opts = cls()
-        for k, v in fields.items():
-            setattr(opts, k, v)
-        return opts
-
-    def all_gather_single(group: Any) -> Any:
-        out = torch.empty(size * 2, 3)
-        PG.all_gather_single(group, out, mine.clone(), c10d.AllgatherOptions()).wait()
-        return out, torch.cat(each)
-
-    def reduce_scatter_single(group: Any) -> Any:
-        out = torch.empty(2, 3)
-        opts = options(c10d.ReduceScatterOptions, reduceOp=dist.ReduceOp.MAX)
-        PG.reduce_scatter_single(group, out, stacked_each[rank].clone(), opts).wait()
-        return out, torch.stack(stacked_each).amax(0)[rank * 2: rank * 2 + 2]
-
-    def reduce(group: Any) -> Any:
-        t = mine.clone()
-        PG.reduce(group, [t], options(c10d.ReduceOptions, rootRank=root, reduceOp=dist.ReduceOp.SUM)).wait()
-        # elsewhere than the root gloo uses the input as scratch space
-        return (t, sum(each)) if rank == root else (torch.zeros(0), torch.zeros(0))
-
-    def gather(group: Any) -> Any:
-        outs = [[torch.empty(2, 3) for _ in range(size)]] if rank == root else []
-        PG.gather(group, outs, [mine.clone()], options(c10d.GatherOptions, rootRank=root)).wait()
-        return (torch.cat(outs[0]), torch.cat(each)) if rank == root else (mine, mine)
-
-    def scatter(group: Any) -> Any:
-        out = torch.empty(2, 3)
-        ins = [[stacked_each[root][2 * r: 2 * r + 2].clone() for r in range(size)]] if rank == root else []
-        PG.scatter(group, [out], ins, options(c10d.ScatterOptions, rootRank=root)).wait()
-        return out, stacked_each[root][2 * rank: 2 * rank + 2]
-
-    def alltoall(group: Any) -> Any:
-        outs = [torch.empty(2, 3) for _ in range(size)]
-        ins = [stacked_each[rank][2 * r: 2 * r + 2].clone() for r in range(size)]
-        PG.alltoall(group, outs, ins, c10d.AllToAllOptions()).wait()
-        return torch.cat(outs), torch.cat([stacked_each[r][2 * rank: 2 * rank + 2] for r in range(size)])
-
-    def allgather_coalesced(group: Any) -> Any:
-        outs = [[torch.empty(2, 3), torch.empty(2, 3)] for _ in range(size)]  # per rank, its inputs
-        PG.allgather_coalesced(group, outs, [mine.clone(), 2 * mine], c10d.AllgatherOptions()).wait()
-        return torch.cat([t for per_rank in outs for t in per_rank]), torch.cat([t for e in each for t in (e, 2 * e)])
-
-    calls = {
-        "all_gather_single": all_gather_single, "reduce_scatter_single": reduce_scatter_single, "reduce": reduce,
-        "gather": gather, "scatter": scatter, "alltoall": alltoall, "allgather_coalesced": allgather_coalesced,
-    }
-    for name, call in calls.items():
-        answers = {}
-        for backend, group in groups.items():
-            try:
-                got, want = call(group)
-            except Exception as error:  # noqa: BLE001
-                answers[backend] = None
-                if backend == "denseccl":
-                    check.fail(f"C++ {name} on denseccl: {type(error).__name__}: {str(error).splitlines()[0]}")
-                continue
-            answers[backend] = got
-            check.equal(f"C++ {name} on {backend}", got, want)
-        if answers.get("gloo") is not None and answers.get("denseccl") is not None:
-            check.equal(f"C++ {name}: denseccl against gloo", answers["denseccl"], answers["gloo"])
-
-
 def devices(check: Checker, groups: Dict[str, Any]) -> None:
     dense, gloo = groups["denseccl"], groups["gloo"]
     kinds = {d.type for d in dense._device_types}
@@ -298,7 +223,6 @@ def main() -> None:
     check = Checker("torch-tooling", rank, size)
     groups = {"denseccl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     functional(check, groups, rank, size)
-    unforwarded(check, groups, rank, size)
     devices(check, groups)
     sequence(check, groups, rank, size)
     profiled(check, groups)
