@@ -34,13 +34,12 @@ from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
 from .progress import AsyncWork, Operation, Progress, completed_work, new_future
+from .tooling import TorchTooling
 
 BACKEND_NAME = "denseccl"
-#: the device types of the tensors the backend moves
-DEVICE_TYPES = ("cpu", "cuda")
 
 
-class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
+class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
     """torch.distributed process group over denseccl. Created by ``init_process_group("denseccl")``
     or ``new_group(backend="denseccl")``; not meant to be built by hand."""
 
@@ -191,53 +190,6 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._names["desc"] = desc
-
-    # -- the group's backends, as torch asks for them ----------------------------------------
-
-    #: the device types the group serves; torch reads them where it chooses a device for a
-    #: group (object collectives, checkpointing), as it reads a built-in group's backends
-    @property
-    def _device_types(self) -> List[torch.device]:
-        return [torch.device(kind) for kind in DEVICE_TYPES]
-
-    def _get_backend(self, device: Any) -> "ProcessGroupDenseCCL":
-        """The group itself, for cpu and cuda: it is its own backend on both (torch's Python
-        code asks a group's backend what it supports, below)."""
-        kind = torch.device(device).type
-        if kind not in DEVICE_TYPES:
-            raise RuntimeError(
-                f"No backend type associated with device type {kind}: "
-                f"the denseccl backend serves {', '.join(DEVICE_TYPES)}"
-            )
-        return self
-
-    # what torch asks of a backend: denseccl has no splitting, no NCCL-style coalescing of
-    # send/recv, no tensor allocator and no time estimator
-    supports_splitting = False
-    supports_coalescing = False
-    supports_time_estimate = False
-    supports_shrinking = False
-
-    def supports_tensor_alloc(self, device: Any) -> bool:
-        return False
-
-    # -- sequence numbers ----------------------------------------------------------------------
-
-    def _get_sequence_number_for_group(self) -> int:
-        """How many calls this group's CPU communicator has numbered: the sequence its flight
-        recorder gives the next call (every call of the group takes one, the same on every rank
-        that makes the same calls). CUDA calls are numbered by the NCCL communicator's own
-        recorder (``Communicator.dump_trace``), as torch numbers a group by its default backend."""
-        recorder = self._live_host().flow.recorder
-        if recorder is None:
-            raise RuntimeError(
-                "denseccl numbers a group's calls in its flight recorder, which DENSECCL_TRACE_BUFFER=0 turns off; "
-                "set DENSECCL_TRACE_BUFFER to the number of calls to keep (e.g. 2000)"
-            )
-        return recorder.count
-
-    def _set_sequence_number_for_group(self) -> None:
-        """Nothing to agree on: every rank's numbering starts at 0 when the group is created."""
 
     @property
     def host_communicator(self) -> Optional[Communicator]:
