@@ -91,9 +91,11 @@ def _group(named: Any) -> Any:
 
 def _route(name: str, owner: type, keyset: Any, *args: Any, **kwargs: Any) -> Any:
     at, call = ROUTES[name]
-    group = _group(args[at])
-    if isinstance(group, owner):
-        return call(group, *args, **kwargs)
+    # meta tensors (a compiler tracing with fake tensors) take torch's meta kernel: nothing moves
+    if not keyset.has(DispatchKey.Meta):
+        group = _group(args[at])
+        if isinstance(group, owner):
+            return call(group, *args, **kwargs)
     op = getattr(torch.ops._c10d_functional, name).default
     return op.redispatch(keyset.remove(DispatchKey.BackendSelect), *args, **kwargs)
 

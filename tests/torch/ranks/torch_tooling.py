@@ -137,6 +137,25 @@ def functional(check: Checker, groups: Dict[str, Any], rank: int, size: int) -> 
             check.equal(f"functional {op}: denseccl against gloo", answers["denseccl"], answers["gloo"])
 
 
+def compiled(check: Checker, groups: Dict[str, Any], rank: int, size: int) -> None:
+    """The out-variant inside torch.compile: traced with fake (meta) tensors, which must take
+    torch's meta kernel, then run on the group."""
+    x = values(6, rank, (4, 3), torch.float32)
+    want = torch.cat([2 * values(6, r, (4, 3), torch.float32) for r in range(size)]) + 1
+    for backend, group in groups.items():
+        name = group.group_name
+
+        def gather(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            return F.wait_tensor(F.all_gather_into_tensor_out(t * 2, size, name, out=out)) + 1
+
+        try:
+            got = torch.compile(gather, backend="aot_eager", fullgraph=True)(x, torch.empty(size * 4, 3))
+        except Exception as error:  # noqa: BLE001
+            check.fail(f"compiled all_gather_into_tensor_out on {backend}: {type(error).__name__}: {error}")
+            continue
+        check.equal(f"compiled all_gather_into_tensor_out on {backend}", got, want)
+
+
 def devices(check: Checker, groups: Dict[str, Any]) -> None:
     dense, gloo = groups["denseccl"], groups["gloo"]
     kinds = {d.type for d in dense._device_types}
@@ -223,6 +242,7 @@ def main() -> None:
     check = Checker("torch-tooling", rank, size)
     groups = {"denseccl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     functional(check, groups, rank, size)
+    compiled(check, groups, rank, size)
     devices(check, groups)
     sequence(check, groups, rank, size)
     profiled(check, groups)
