@@ -38,12 +38,8 @@ _ndarray = np.ndarray
 CLOSED = (0,)
 
 
-def _no_range() -> Optional[ContextManager[Any]]:
-    return None
-
-
-#: what marks each agreement step for a profiler (:func:`trace_agreement`)
-_agreement_range: Callable[[], Optional[ContextManager[Any]]] = _no_range
+#: what marks each agreement step for a profiler (:func:`trace_agreement`), or None
+_agreement_range: Optional[Callable[[], Optional[ContextManager[Any]]]] = None
 
 
 def trace_agreement(range_of: Optional[Callable[[], Optional[ContextManager[Any]]]]) -> None:
@@ -52,12 +48,13 @@ def trace_agreement(range_of: Optional[Callable[[], Optional[ContextManager[Any]
     context manager for the step to run in (while a profiler records), else None: that case is
     every call's, so it must cost next to nothing."""
     global _agreement_range
-    _agreement_range = range_of or _no_range
+    _agreement_range = range_of
 
 
 def _agree(*args: Any) -> None:
     """:func:`agreement.agree`, inside the profiler's range when one records."""
-    span = _agreement_range()
+    ranged = _agreement_range
+    span = None if ranged is None else ranged()
     if span is None:
         agree(*args)
         return
@@ -175,7 +172,8 @@ class Flow:
             if self.check and self.size > 1:
                 timeout = self.timeout
                 deadline = None if timeout is None else time.monotonic() + timeout
-                span = _agreement_range()
+                ranged = _agreement_range
+                span = None if ranged is None else ranged()
                 if span is None:
                     agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
                 else:
