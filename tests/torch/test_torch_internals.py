@@ -101,6 +101,7 @@ def _functional() -> None:
         assert argument.name == "group_name", f"_c10d_functional.{name}: argument {at} is {argument.name}: {schema}"
     assert hasattr(torch._C.DispatchKey, "BackendSelect")
     assert "with_keyset" in inspect.signature(torch.library.Library.impl).parameters
+    assert hasattr(torch.library.Library, "_destroy"), "Library._destroy (dispatcher.uninstall) is gone"
     assert hasattr(torch.ops._c10d_functional.all_reduce.default, "redispatch")
     assert hasattr(dist.ProcessGroup, "unbox")
     from torch.distributed.distributed_c10d import _resolve_process_group
