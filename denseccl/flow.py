@@ -17,7 +17,7 @@ import contextlib
 import sys
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, NoReturn, Optional, Tuple, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,30 @@ _ndarray = np.ndarray
 _monotonic = time.monotonic
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
+
+
+#: what marks each agreement step for a profiler (:func:`trace_agreement`), or None
+_agreement_range: Optional[Callable[[], Optional[ContextManager[Any]]]] = None
+
+
+def trace_agreement(range_of: Optional[Callable[[], Optional[ContextManager[Any]]]]) -> None:
+    """Let ``range_of()`` mark every agreement step (the torch adapter's profiler ranges, set
+    when it is imported; None: nothing). It is called before each agreement and returns a
+    context manager for the step to run in (while a profiler records), else None: that case is
+    every call's, so it must cost next to nothing."""
+    global _agreement_range
+    _agreement_range = range_of
+
+
+def _agree(*args: Any) -> None:
+    """:func:`agreement.agree`, inside the profiler's range when one records."""
+    ranged = _agreement_range
+    span = None if ranged is None else ranged()
+    if span is None:
+        agree(*args)
+        return
+    with span:
+        agree(*args)
 
 
 def _nothing_lost(address: int) -> None:
@@ -157,7 +181,13 @@ class Flow:
             if checked:
                 timeout = self.timeout
                 deadline = None if timeout is None else now + timeout
-                agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
+                ranged = _agreement_range
+                span = None if ranged is None else ranged()
+                if span is None:
+                    agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
+                else:
+                    with span:
+                        agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
             started = call.start(address)
         except Exception as error:
             self.note_failure(error)  # the agreement's or the library's: a timeout gives up
@@ -256,7 +286,7 @@ class Flow:
         if self.recorder:
             self.recorder.record(descriptor)
         if self.check and self.size > 1:
-            self.start(agree, self.control, descriptor, self.deadline())
+            self.start(_agree, self.control, descriptor, self.deadline())
 
     def fail(self, collective: str, error: BaseException) -> NoReturn:
         """Raise ``error`` after taking part in the agreement as invalid, so that every peer
@@ -265,7 +295,7 @@ class Flow:
             self.recorder.refused(Descriptor(collective), error)
         if self.check and self.size > 1:
             try:
-                agree(self.control, Descriptor(collective), self.deadline(), error)
+                _agree(self.control, Descriptor(collective), self.deadline(), error)
             except Exception as raised:
                 if raised is not error:  # the local error itself leaves the communicator usable
                     self.note_failure(raised)
@@ -508,4 +538,4 @@ def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) 
         abandon(orphans)
 
 
-__all__ = ["Call", "Flow", "Test", "Work", "general", "plain_torch"]
+__all__ = ["Call", "Flow", "Test", "Work", "general", "plain_torch", "trace_agreement"]

@@ -28,17 +28,18 @@ from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
 from ..backends.base import abandon
 from ..wait import deadline_after
-from . import all_to_all_p2p, buckets
+from . import all_to_all_p2p, buckets, dispatcher, profiling
 from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
 from .progress import AsyncWork, Operation, Progress, completed_work, new_future
+from .tooling import TorchTooling
 
 BACKEND_NAME = "denseccl"
 
 
-class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
+class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
     """torch.distributed process group over denseccl. Created by ``init_process_group("denseccl")``
     or ``new_group(backend="denseccl")``; not meant to be built by hand."""
 
@@ -356,6 +357,10 @@ class ProcessGroupDenseCCL(GatherScatter, dist.ProcessGroup):
         self._progress.stop()
 
 
+profiling.trace_methods(ProcessGroupDenseCCL)
+profiling.enable()
+
+
 def _any_cuda(given: Any) -> bool:
     """Whether a CUDA tensor is among ``given`` (tensors and lists of them, nested)."""
     if isinstance(given, (list, tuple)):
@@ -366,6 +371,7 @@ def _any_cuda(given: Any) -> bool:
 def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupDenseCCL:
     """The creator registered with ``Backend.register_backend`` (extended API: it receives the
     global ranks of the group, so subgroups map to MPI sub-communicators)."""
+    dispatcher.install(ProcessGroupDenseCCL)
     return ProcessGroupDenseCCL(
         options.store, options.group_rank, options.group_size, options.timeout, options.global_ranks_in_group or ()
     )

@@ -81,3 +81,9 @@ def test_init_under_srun_with_master_addr_but_no_rank():
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "SLURM_JOB_ID": "4242"}
     command = ["bash", "-c", SRUN, "srun", "2", sys.executable, str(RANKS / "launcher_place.py")]
     expect_passed(run(command, timeout=180, env=env), 2)
+
+
+def test_torch_tooling_under_torchrun():
+    """Every functional collective (out-variants and batch_p2p_ops included), device types,
+    sequence numbers and profiler ranges, side by side with gloo (issue 26)."""
+    expect_passed(torchrun(2, RANKS / "torch_tooling.py", timeout=240, env={"DENSECCL_TRACE_BUFFER": "64"}), 2)

@@ -94,3 +94,9 @@ def test_repeated_calls_touch_no_new_memory():
     through the backend replays the core's plan, so MPI allocates no temporary per call (a
     fresh 64 MiB temporary per call cost its page faults every time)."""
     expect_passed(run_ranks(2, RANKS / "repeated_calls.py", timeout=180), 2)
+
+
+def test_torch_tooling():
+    """Every functional collective (out-variants and batch_p2p_ops included), device types,
+    sequence numbers and profiler ranges, side by side with gloo (issue 26)."""
+    expect_passed(run_ranks(2, RANKS / "torch_tooling.py", timeout=240, env={"DENSECCL_TRACE_BUFFER": "64"}), 2)
