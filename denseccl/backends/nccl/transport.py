@@ -344,6 +344,8 @@ class NCCLPending(Pending):
 
     __slots__ = ("_transport", "_event", "stream", "_host", "captured")
 
+    watched = True  # the watchdog aborts at the timeout; during a capture only it may judge (it waits)
+
     def __init__(
         self, transport: NCCLTransport, event: Any, stream: StreamRef, host: bool = False, captured: bool = False
     ) -> None:
