@@ -511,6 +511,15 @@ class Work:
             self._completed()
         return self._done
 
+    @property
+    def watched(self) -> bool:
+        """True where the transport times this collective out itself (NCCL's watchdog aborts the
+        communicator; ``is_completed()`` then turns True and ``wait()`` raises). A poller with a
+        deadline of its own (the torch adapter's progress thread) leaves the timeout to it, rather
+        than calling ``wait()``, which on a device transport orders streams (refused while a CUDA
+        graph capture runs) instead of timing out."""
+        return self._pending.watched
+
     def _completed(self) -> None:
         if not self._done:
             self._done, self._keep = True, None

@@ -32,6 +32,12 @@ class Pending(ABC):
     #: there instead of polling :meth:`test`, leaving the cores to the library's threads
     blocks = False
 
+    #: True where the transport fails the operation itself at its timeout (a device transport's
+    #: watchdog aborts the communicator; :meth:`test` then reports it ended and :meth:`wait`
+    #: raises). A poller sets no deadline of its own on such an operation: its ``wait`` orders
+    #: device streams instead of timing out, which is refused while a CUDA graph capture runs
+    watched = False
+
     @abstractmethod
     def test(self) -> bool:
         """True once the operation has completed (never blocks)."""

@@ -12,6 +12,11 @@ plus a host-side *finish* (copying a staged result into the user's tensors). Two
   completed. Callers that block in C++ on that future (DDP's ``finalize_backward``) are woken by
   that thread; a Python ``wait()`` drives the steps itself and returns sooner.
 
+Past an operation's deadline the thread fails a step still running by waiting on it with no time
+left (``CollectiveTimeoutError``). A step whose transport times it out itself (``watched``: NCCL,
+whose watchdog aborts the communicator) is left to that verdict: waiting on a device step orders
+streams, which a CUDA graph capture in global mode forbids, so the thread never does it for one.
+
 Only one thread at a time tests a step (one lock per group), as MPI requires of a request.
 """
 
@@ -137,10 +142,10 @@ class Progress:
             else:
                 for step in operation.steps:
                     if not step.is_completed():
-                        if operation.deadline is not None and time.monotonic() > operation.deadline:
+                        if _overdue(operation) and not getattr(step, "watched", False):
                             step.wait(0)  # raises CollectiveTimeoutError, marks the communicator broken
                             continue
-                        return
+                        return  # a watched step's transport fails it at its timeout (see Work.watched)
                     step.wait()  # completed: releases what the step kept alive
             value = operation.finish()
         except BaseException as error:  # noqa: BLE001 - the future carries it to every waiter
@@ -187,6 +192,10 @@ class Progress:
                 os.sched_yield()
             else:
                 time.sleep(self.poll if quiet < config.PROGRESS_QUIET_SECONDS else 10 * self.poll)
+
+
+def _overdue(operation: Operation) -> bool:
+    return operation.deadline is not None and time.monotonic() > operation.deadline
 
 
 _LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()

@@ -24,7 +24,7 @@ from denseccl.backends.nccl import tables
 from denseccl.backends.store import SoloControl
 from denseccl.communicator import Communicator
 from denseccl.dtypes import DTYPES
-from denseccl.errors import CommunicatorBrokenError
+from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
 from denseccl.ops import ReduceOp
 from denseccl.streams import StreamRef
 from tests.unit.test_nccl_fakes import NcclError, S, make
@@ -201,6 +201,56 @@ def test_the_torch_progress_thread_does_not_query_during_a_capture(solo):
     solo.cuda.capturing.clear()
     solo.cuda.recorded[0].finished = True
     assert operation.future.wait() == "done"
+    assert progress.stop(5)
+
+
+def _past_deadline_operation(solo):
+    """An eager async allreduce on stream 55 whose kernel has not finished, for a progress
+    thread, with its deadline already past."""
+    torch = pytest.importorskip("torch")
+    from denseccl.torch.progress import Operation, Progress
+
+    x = HostCAI(np.ones(4, np.float32))
+    solo.cuda.auto_done = False
+    work = solo.allreduce(x, async_op=True)
+    assert work.watched  # the NCCL watchdog times it out
+    progress = Progress("denseccl-test")
+    operation = Operation("allreduce", [work], lambda: "done", torch.futures.Future(), time.monotonic() - 1)
+    return progress, operation
+
+
+def test_the_progress_thread_past_a_deadline_leaves_a_capture_alone(solo):
+    """Past an operation's deadline the progress thread used to wait on the step to raise the
+    timeout; on an NCCL step that orders the thread's stream after the call (no timeout at all),
+    which a global-mode capture forbids. The watchdog's verdict alone may fail a device step."""
+    progress, operation = _past_deadline_operation(solo)
+    solo.cuda.capture_mode = "relaxed"
+    solo.cuda.alive.add(88)
+    solo.cuda.capturing.add(88)
+    solo.allreduce(HostCAI(np.ones(4, np.float32)), stream=88)  # captured: the device's gate closes
+    solo.cuda.capture_mode = "global"
+    assert wait_for(lambda: _quiet(solo.cuda))
+    solo.cuda.current_pointer = 0  # the progress thread's stream: torch's default in a thread of its own
+    waits, queries = list(solo.cuda.waits), solo.cuda.queries
+    progress.submit(operation)
+    time.sleep(0.3)  # the thread polls all along, past the deadline
+    assert solo.cuda.waits == waits and solo.cuda.queries == queries and solo.cuda.invalidated == set()
+    assert not operation.done and solo.broken is None
+    solo.cuda.recorded[0].finished = True
+    solo.cuda.capturing.clear()  # end_capture: the call is judged again, and has completed
+    assert operation.future.wait() == "done"
+    assert progress.stop(5)
+
+
+def test_the_progress_thread_past_a_deadline_fails_a_device_step_by_the_watchdog(solo):
+    """Outside a capture too: a device step past its deadline fails with the watchdog's
+    timeout (the communicator aborted), rather than completing by ordering a stream."""
+    progress, operation = _past_deadline_operation(solo)
+    solo.cuda.current_pointer = 0
+    progress.submit(operation)
+    with pytest.raises(CollectiveTimeoutError, match="did not complete within 1 s"):
+        operation.future.wait()
+    assert solo.fake.aborted and solo.cuda.waits == []
     assert progress.stop(5)
 
 

@@ -48,7 +48,7 @@ import pytest
 
 from denseccl.streams import StreamRef
 from denseccl.backends.nccl import transport as nccl
-from denseccl.backends.nccl.transport import CudaStreams
+from denseccl.backends.nccl.cuda import CudaStreams
 from denseccl.backends.nccl.tables import version_code
 
 VERSION = version_code(2, 27, 3)
@@ -567,16 +567,17 @@ def test_fake_cuda_matches_cupy():
 
 
 def test_the_transport_calls_only_what_the_fakes_offer():
-    """Every attribute the transport and its CUDA layer take from CuPy or the communicator is
-    one the fakes define, so the checks above cover everything they use."""
-    import denseccl.backends.nccl.transport as events_module
-    import denseccl.backends.nccl.transport as transport_module
+    """Every attribute the transport and its CUDA layer (the modules a running communicator
+    uses) take from CuPy or the communicator is one the fakes define, so the checks above cover
+    everything they use."""
+    from denseccl.backends.nccl import cuda, pending, transport, watchdog
 
-    used_comm = set(re.findall(r"self\.comm\.(\w+)", inspect.getsource(transport_module))) | {"commSplit"}
+    source = "".join(inspect.getsource(module) for module in (cuda, pending, transport, watchdog))
+    used_comm = set(re.findall(r"self\.comm\.(\w+)", source)) | {"commSplit"}
     assert used_comm <= set(vars(FakeComm)) | {"comm"}, used_comm - set(vars(FakeComm))
-    used_cuda = set(re.findall(r"cuda\.(\w+)", inspect.getsource(events_module.CudaStreams)))
+    used_cuda = set(re.findall(r"cuda\.(\w+)", inspect.getsource(CudaStreams)))
     assert used_cuda <= set(vars(FakeCuda().module.cuda)) | {"ExternalStream"}, used_cuda
-    used_runtime = set(re.findall(r"runtime\.(\w+)", inspect.getsource(events_module)))
+    used_runtime = set(re.findall(r"runtime\.(\w+)", source))
     assert used_runtime <= set(vars(FakeCuda().module.cuda.runtime)), used_runtime
 
 

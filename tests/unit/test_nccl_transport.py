@@ -21,7 +21,7 @@ from denseccl.dtypes import DTYPES
 from denseccl.errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from denseccl.ops import PreMulSum, ReduceOp
 from denseccl.streams import StreamRef
-from denseccl.backends.nccl import transport as nccl_events
+from denseccl.backends.nccl import watchdog as nccl_watchdog
 from denseccl.backends.nccl import tables as nccl_tables
 from denseccl.backends.store import SoloControl
 from tests.unit.test_nccl_fakes import COLLECTED, VERSION, S, make
@@ -248,7 +248,7 @@ def test_watchdog_drops_finished_and_cancelled_work():
 
 def test_watchdog_counts_a_blocked_enqueue():
     verdicts = []
-    dog = nccl_events.Watchdog(
+    dog = nccl_watchdog.Watchdog(
         0.1, lambda event: True, lambda: None, lambda reason, late: verdicts.append((reason, late)), 0.01
     )
     dog.begin("allreduce")  # never armed: the enqueue call is still inside NCCL
@@ -456,14 +456,14 @@ def test_watchdog_binds_its_thread_first():
     import threading
 
     started, verdicts = [], []
-    dog = nccl_events.Watchdog(
+    dog = nccl_watchdog.Watchdog(
         None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01,
         lambda: started.append(threading.current_thread().name),
     )
     dog.begin("allreduce")
     assert wait_for(lambda: started) and started == ["denseccl-nccl-watchdog"]
     dog.close()
-    broken = nccl_events.Watchdog(
+    broken = nccl_watchdog.Watchdog(
         None, lambda event: True, lambda: None, lambda *v: verdicts.append(v), 0.01, lambda: 1 / 0
     )
     broken.begin("allreduce")
