@@ -172,19 +172,24 @@ def _interface_fields(x: Any, interface: Any, name: str) -> Tuple[Tuple[int, ...
     return shape, typestr, strides, pointer, bool(readonly)
 
 
-def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer:
-    """A ``__cuda_array_interface__`` object's Buffer."""
-    name = "__cuda_array_interface__"
-    if isinstance(interface, dict) and interface.get("mask") is not None:
-        raise LayoutError("masked arrays are not supported; fill the mask first")
-    shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+def _interface_layout(x: Any, name: str, shape: Tuple[int, ...], typestr: Any, strides: Any) -> Layout:
+    """The Layout an array interface describes (strides None: row-major)."""
     try:
         dtype = np.dtype(typestr)
     except (TypeError, ValueError) as error:
         raise _protocol_error(x, name, f"names no NumPy dtype ({error})") from error
     if strides is None:
         strides = tuple(s * dtype.itemsize for s in contiguous_strides(shape))
-    layout = _layout_from_bytes(shape, strides, dtype.itemsize, _numpy_dtype_name(dtype))
+    return _layout_from_bytes(shape, strides, dtype.itemsize, _numpy_dtype_name(dtype))
+
+
+def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer:
+    """A ``__cuda_array_interface__`` object's Buffer."""
+    name = "__cuda_array_interface__"
+    if isinstance(interface, dict) and interface.get("mask") is not None:
+        raise LayoutError("masked arrays are not supported; fill the mask first")
+    shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+    layout = _interface_layout(x, name, shape, typestr, strides)
     try:
         device = _cuda_device_of_pointer(pointer)
     except ImportError:
@@ -201,7 +206,9 @@ def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
     object itself is the owner, so an in-place call returns it."""
     name = "__array_interface__"
     if isinstance(interface, dict) and interface.get("data") is not None:  # None: the buffer protocol's memory
-        _interface_fields(x, interface, name)
+        shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+        if not pointer:  # an empty array (checked above), which older NumPy (2.0) refuses to view
+            return Buffer(0, _interface_layout(x, name, shape, typestr, strides), HOST, "numpy", readonly, x)
     try:
         view = np.asarray(x)
     except Exception as error:
@@ -209,6 +216,13 @@ def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
     if view.dtype.hasobject:  # NumPy fell back to wrapping the object itself
         raise _protocol_error(x, name, "describes no numeric array")
     return _numpy_buffer(view)._replace(owner=x)
+
+
+#: NumPy 2.1 and newer take DLPack 1.0's read-only flag from an exporter. Older NumPy speaks only
+#: DLPack 0.x, which has no such flag, and marks every array it imports read-only; there the
+#: exporter's memory counts as writable, as DLPack 0.x consumers (torch, CuPy) take it and as
+#: NumPy itself then refused to export a read-only array.
+_DLPACK_SAYS_READ_ONLY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
 
 
 def _dlpack_buffer(x: Any) -> Buffer:
@@ -221,7 +235,8 @@ def _dlpack_buffer(x: Any) -> Buffer:
         raise _protocol_error(x, "__dlpack__", f"raised {type(error).__name__}: {error}") from error
     if view.size and view.flags.owndata:  # NumPy allocated new memory: the tensor's data pointer was NULL
         raise _protocol_error(x, "__dlpack__", f"gives a NULL data pointer for {view.size} elements")
-    return _numpy_buffer(view)._replace(owner=x)
+    buffer = _numpy_buffer(view)._replace(owner=x)
+    return buffer if _DLPACK_SAYS_READ_ONLY else buffer._replace(readonly=False)
 
 
 def _cupy_buffer(x: Any) -> Buffer:

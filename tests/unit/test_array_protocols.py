@@ -104,3 +104,21 @@ def test_a_good_dlpack_still_works() -> None:
     assert buffer.pointer == base.ctypes.data and buffer.owner is x and buffer.layout.numel == 4
     empty = as_buffer(NullDLPack(0))
     assert empty.layout.numel == 0
+
+
+def test_dlpack_of_writable_memory_is_writable_on_every_numpy() -> None:
+    """NumPy before 2.1 imports every DLPack array read-only (DLPack 0.x has no read-only flag);
+    the exporter's memory still counts as writable there, so an in-place call accepts it."""
+    base = np.arange(4, dtype=np.int32)
+    assert not as_buffer(DLPack(base)).readonly
+
+
+def test_dlpack_of_read_only_memory() -> None:
+    """A read-only array exported through DLPack: NumPy 2.1 and newer pass the flag on, so the
+    buffer is read-only; older NumPy refuses to export it, which is a LayoutError."""
+    base = np.arange(4, dtype=np.int32)
+    base.flags.writeable = False
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":
+        assert as_buffer(DLPack(base)).readonly
+    else:
+        rejected(DLPack(base), "DLPack")
