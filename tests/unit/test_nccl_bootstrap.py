@@ -110,6 +110,12 @@ def test_launch_kind():
 
 
 def _fake_cupy(monkeypatch, *, gpu, nccl_available):
+    """A CuPy that says ``gpu`` and ``nccl_available``, with its compiled NCCL extension
+    (``cupy_backends.cuda.libs.nccl``) importable, whether or not the real CuPy is installed."""
+    for name in ("cupy_backends", "cupy_backends.cuda", "cupy_backends.cuda.libs", "cupy_backends.cuda.libs.nccl"):
+        module = types.ModuleType(name)
+        module.__path__ = []  # a package, so that its submodules import
+        monkeypatch.setitem(sys.modules, name, module)
     cupy = types.ModuleType("cupy")
     cupy.__version__ = "14.2.0"
     cupy.is_available = lambda: gpu
