@@ -218,11 +218,28 @@ def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
     return _numpy_buffer(view)._replace(owner=x)
 
 
-#: NumPy 2.1 and newer take DLPack 1.0's read-only flag from an exporter. Older NumPy speaks only
-#: DLPack 0.x, which has no such flag, and marks every array it imports read-only; there the
-#: exporter's memory counts as writable, as DLPack 0.x consumers (torch, CuPy) take it and as
-#: NumPy itself then refused to export a read-only array.
-_DLPACK_SAYS_READ_ONLY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+def _exported_read_only(x: Any) -> bool:
+    """DLPack 1.0's read-only flag of ``x``'s export, read from its versioned capsule, which is
+    then dropped unconsumed (its destructor releases the export). An exporter of DLPack 0.x only
+    has no such flag: its memory counts as writable, as torch and CuPy take it (NumPy before 2.1,
+    which refused to export a read-only array, is such an exporter)."""
+    import ctypes  # noqa: PLC0415 - only for a read-only view, which is rare
+
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0))
+    except TypeError:  # no max_version: DLPack 0.x
+        return False
+    name = b"dltensor_versioned"
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.argtypes, api.PyCapsule_IsValid.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_int
+    if not api.PyCapsule_IsValid(capsule, name):  # a DLPack 0.x capsule after all
+        return False
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    managed = api.PyCapsule_GetPointer(capsule, name)
+    # DLManagedTensorVersioned: {uint32 major, minor; void *manager_ctx; void (*deleter)(...);
+    # uint64_t flags; DLTensor dl_tensor}; bit 0 of flags is DLPACK_FLAG_BITMASK_READ_ONLY
+    return bool(ctypes.c_uint64.from_address(managed + 24).value & 1)
 
 
 def _dlpack_buffer(x: Any) -> Buffer:
@@ -236,7 +253,10 @@ def _dlpack_buffer(x: Any) -> Buffer:
     if view.size and view.flags.owndata:  # NumPy allocated new memory: the tensor's data pointer was NULL
         raise _protocol_error(x, "__dlpack__", f"gives a NULL data pointer for {view.size} elements")
     buffer = _numpy_buffer(view)._replace(owner=x)
-    return buffer if _DLPACK_SAYS_READ_ONLY else buffer._replace(readonly=False)
+    # NumPy marks its view read-only wherever it cannot tell: older NumPy always (2.1, which
+    # reads DLPack 1.0, still does; 2.4 does not), and for an exporter of DLPack 0.x. The
+    # exporter's own flag decides.
+    return buffer._replace(readonly=_exported_read_only(x)) if buffer.readonly else buffer
 
 
 def _cupy_buffer(x: Any) -> Buffer:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import denseccl
+from denseccl import arrays
 from denseccl.arrays import as_buffer
 from tests.support.protocols import (
     ArrayInterface,
@@ -107,10 +108,37 @@ def test_a_good_dlpack_still_works() -> None:
 
 
 def test_dlpack_of_writable_memory_is_writable_on_every_numpy() -> None:
-    """NumPy before 2.1 imports every DLPack array read-only (DLPack 0.x has no read-only flag);
-    the exporter's memory still counts as writable there, so an in-place call accepts it."""
+    """Older NumPy (2.1 among them) imports every DLPack array read-only, and newer NumPy one of a
+    DLPack 0.x exporter; the exporter's own flag decides (0.x: writable), so an in-place call
+    accepts them."""
     base = np.arange(4, dtype=np.int32)
     assert not as_buffer(DLPack(base)).readonly
+    assert not as_buffer(DLPack0(base)).readonly
+
+
+class DLPack0:
+    """An exporter of DLPack 0.x only: its ``__dlpack__`` takes no ``max_version``."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, stream: object = None) -> object:
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self) -> object:
+        return self.array.__dlpack_device__()
+
+
+def test_the_read_only_flag_of_an_export() -> None:
+    """What ``as_buffer`` asks an exporter where NumPy's view cannot tell: DLPack 1.0's flag, or
+    writable for an exporter of DLPack 0.x, which has none."""
+    writable = np.arange(4.0)
+    assert not arrays._exported_read_only(DLPack(writable))
+    assert not arrays._exported_read_only(DLPack0(writable))
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":  # older NumPy exports no read-only array
+        frozen = np.arange(4.0)
+        frozen.flags.writeable = False
+        assert arrays._exported_read_only(DLPack(frozen))
 
 
 def test_dlpack_of_read_only_memory() -> None:
