@@ -13,6 +13,7 @@ import denseccl
 from denseccl import bootstrap, config
 from denseccl.backends.nccl import init as nccl_bootstrap
 from denseccl.errors import DenseCCLError
+from tests.support.optional import needs_mpi4py
 
 RAW = bytes(range(128))
 
@@ -195,6 +196,7 @@ def test_default_backend(monkeypatch):
     assert bootstrap._default_backend() == "mpi"
 
 
+@needs_mpi4py
 def test_init_without_backend_picks_mpi_here(monkeypatch):
     monkeypatch.delenv("DENSECCL_BACKEND", raising=False)
     monkeypatch.setattr(nccl_bootstrap, "nccl_usable", lambda: False)
