@@ -186,7 +186,7 @@ def test_divide_crosses_chunks():
     n = hk.CHUNK * 2 + 5
     view = np.arange(-n, n, dtype=np.int32)
     hk.divide(view, 3, DTYPES["int32"])
-    assert np.array_equal(view, np.fix(np.arange(-n, n) / 3).astype(np.int32))
+    assert np.array_equal(view, np.trunc(np.arange(-n, n) / 3).astype(np.int32))
 
 
 def _bf16(values):
