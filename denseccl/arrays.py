@@ -172,19 +172,24 @@ def _interface_fields(x: Any, interface: Any, name: str) -> Tuple[Tuple[int, ...
     return shape, typestr, strides, pointer, bool(readonly)
 
 
-def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer:
-    """A ``__cuda_array_interface__`` object's Buffer."""
-    name = "__cuda_array_interface__"
-    if isinstance(interface, dict) and interface.get("mask") is not None:
-        raise LayoutError("masked arrays are not supported; fill the mask first")
-    shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+def _interface_layout(x: Any, name: str, shape: Tuple[int, ...], typestr: Any, strides: Any) -> Layout:
+    """The Layout an array interface describes (strides None: row-major)."""
     try:
         dtype = np.dtype(typestr)
     except (TypeError, ValueError) as error:
         raise _protocol_error(x, name, f"names no NumPy dtype ({error})") from error
     if strides is None:
         strides = tuple(s * dtype.itemsize for s in contiguous_strides(shape))
-    layout = _layout_from_bytes(shape, strides, dtype.itemsize, _numpy_dtype_name(dtype))
+    return _layout_from_bytes(shape, strides, dtype.itemsize, _numpy_dtype_name(dtype))
+
+
+def _interface_buffer(x: Any, interface: Dict[str, Any], library: str) -> Buffer:
+    """A ``__cuda_array_interface__`` object's Buffer."""
+    name = "__cuda_array_interface__"
+    if isinstance(interface, dict) and interface.get("mask") is not None:
+        raise LayoutError("masked arrays are not supported; fill the mask first")
+    shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+    layout = _interface_layout(x, name, shape, typestr, strides)
     try:
         device = _cuda_device_of_pointer(pointer)
     except ImportError:
@@ -201,7 +206,9 @@ def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
     object itself is the owner, so an in-place call returns it."""
     name = "__array_interface__"
     if isinstance(interface, dict) and interface.get("data") is not None:  # None: the buffer protocol's memory
-        _interface_fields(x, interface, name)
+        shape, typestr, strides, pointer, readonly = _interface_fields(x, interface, name)
+        if not pointer:  # an empty array (checked above), which older NumPy (2.0) refuses to view
+            return Buffer(0, _interface_layout(x, name, shape, typestr, strides), HOST, "numpy", readonly, x)
     try:
         view = np.asarray(x)
     except Exception as error:
@@ -209,6 +216,30 @@ def _array_interface_buffer(x: Any, interface: Any) -> Buffer:
     if view.dtype.hasobject:  # NumPy fell back to wrapping the object itself
         raise _protocol_error(x, name, "describes no numeric array")
     return _numpy_buffer(view)._replace(owner=x)
+
+
+def _exported_read_only(x: Any) -> bool:
+    """DLPack 1.0's read-only flag of ``x``'s export, read from its versioned capsule, which is
+    then dropped unconsumed (its destructor releases the export). An exporter of DLPack 0.x only
+    has no such flag: its memory counts as writable, as torch and CuPy take it (NumPy before 2.1,
+    which refused to export a read-only array, is such an exporter)."""
+    import ctypes  # noqa: PLC0415 - only for a read-only view, which is rare
+
+    try:
+        capsule = x.__dlpack__(max_version=(1, 0))
+    except TypeError:  # no max_version: DLPack 0.x
+        return False
+    name = b"dltensor_versioned"
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.argtypes, api.PyCapsule_IsValid.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_int
+    if not api.PyCapsule_IsValid(capsule, name):  # a DLPack 0.x capsule after all
+        return False
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    managed = api.PyCapsule_GetPointer(capsule, name)
+    # DLManagedTensorVersioned: {uint32 major, minor; void *manager_ctx; void (*deleter)(...);
+    # uint64_t flags; DLTensor dl_tensor}; bit 0 of flags is DLPACK_FLAG_BITMASK_READ_ONLY
+    return bool(ctypes.c_uint64.from_address(managed + 24).value & 1)
 
 
 def _dlpack_buffer(x: Any) -> Buffer:
@@ -221,7 +252,11 @@ def _dlpack_buffer(x: Any) -> Buffer:
         raise _protocol_error(x, "__dlpack__", f"raised {type(error).__name__}: {error}") from error
     if view.size and view.flags.owndata:  # NumPy allocated new memory: the tensor's data pointer was NULL
         raise _protocol_error(x, "__dlpack__", f"gives a NULL data pointer for {view.size} elements")
-    return _numpy_buffer(view)._replace(owner=x)
+    buffer = _numpy_buffer(view)._replace(owner=x)
+    # NumPy marks its view read-only wherever it cannot tell: older NumPy always (2.1, which
+    # reads DLPack 1.0, still does; 2.4 does not), and for an exporter of DLPack 0.x. The
+    # exporter's own flag decides.
+    return buffer._replace(readonly=_exported_read_only(x)) if buffer.readonly else buffer
 
 
 def _cupy_buffer(x: Any) -> Buffer:

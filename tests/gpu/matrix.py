@@ -182,7 +182,7 @@ def reference(inputs: List[np.ndarray], op: str, factor: Optional[float] = None)
     if op == "avg":
         total = stack.sum(0)
         if total.dtype.kind == "i":
-            return np.fix(total / len(inputs)).astype(np.int64)  # integer avg truncates, as NCCL does
+            return np.trunc(total / len(inputs)).astype(np.int64)  # integer avg truncates, as NCCL does
         return total / len(inputs)
     if op == "premul":
         return (stack * factor).sum(0)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import denseccl
+from denseccl import arrays
 from denseccl.arrays import as_buffer
 from tests.support.protocols import (
     ArrayInterface,
@@ -104,3 +105,48 @@ def test_a_good_dlpack_still_works() -> None:
     assert buffer.pointer == base.ctypes.data and buffer.owner is x and buffer.layout.numel == 4
     empty = as_buffer(NullDLPack(0))
     assert empty.layout.numel == 0
+
+
+def test_dlpack_of_writable_memory_is_writable_on_every_numpy() -> None:
+    """Older NumPy (2.1 among them) imports every DLPack array read-only, and newer NumPy one of a
+    DLPack 0.x exporter; the exporter's own flag decides (0.x: writable), so an in-place call
+    accepts them."""
+    base = np.arange(4, dtype=np.int32)
+    assert not as_buffer(DLPack(base)).readonly
+    assert not as_buffer(DLPack0(base)).readonly
+
+
+class DLPack0:
+    """An exporter of DLPack 0.x only: its ``__dlpack__`` takes no ``max_version``."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, stream: object = None) -> object:
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self) -> object:
+        return self.array.__dlpack_device__()
+
+
+def test_the_read_only_flag_of_an_export() -> None:
+    """What ``as_buffer`` asks an exporter where NumPy's view cannot tell: DLPack 1.0's flag, or
+    writable for an exporter of DLPack 0.x, which has none."""
+    writable = np.arange(4.0)
+    assert not arrays._exported_read_only(DLPack(writable))
+    assert not arrays._exported_read_only(DLPack0(writable))
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":  # older NumPy exports no read-only array
+        frozen = np.arange(4.0)
+        frozen.flags.writeable = False
+        assert arrays._exported_read_only(DLPack(frozen))
+
+
+def test_dlpack_of_read_only_memory() -> None:
+    """A read-only array exported through DLPack: NumPy 2.1 and newer pass the flag on, so the
+    buffer is read-only; older NumPy refuses to export it, which is a LayoutError."""
+    base = np.arange(4, dtype=np.int32)
+    base.flags.writeable = False
+    if np.lib.NumpyVersion(np.__version__) >= "2.1.0":
+        assert as_buffer(DLPack(base)).readonly
+    else:
+        rejected(DLPack(base), "DLPack")

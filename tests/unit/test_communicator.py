@@ -10,16 +10,18 @@ import pytest
 import denseccl
 from denseccl import LayoutError
 from tests.support.layouts import element_strides, filled, make_strides, raw_bytes
-from tests.support.optional import needs_torch, torch
+from tests.support.optional import needs_mpi4py, needs_torch, require_mpi4py, torch
 
 
 @pytest.fixture(scope="module")
 def comm():
+    require_mpi4py()
     communicator = denseccl.init(backend="mpi", timeout=30)
     yield communicator
     communicator.close()
 
 
+@needs_mpi4py
 def test_singleton_without_mpiexec():
     communicator = denseccl.init()
     try:
@@ -305,6 +307,7 @@ def test_out_on_the_root_is_validated(comm):
 # -- lifecycle and policy --------------------------------------------------------------------
 
 
+@needs_mpi4py
 def test_closed_communicator_says_so():
     communicator = denseccl.init(backend="mpi")
     communicator.close()
@@ -316,6 +319,7 @@ def test_closed_communicator_says_so():
         communicator.barrier()
 
 
+@needs_mpi4py
 def test_context_manager_closes():
     with denseccl.init(backend="mpi") as communicator:
         communicator.barrier()
@@ -323,6 +327,7 @@ def test_context_manager_closes():
 
 
 @pytest.mark.parametrize("word, expected", [("always", True), ("off", False), ("OFF", False), ("on", True)])
+@needs_mpi4py
 def test_check_policy(monkeypatch, word, expected):
     monkeypatch.setenv("DENSECCL_CHECK", word)
     with denseccl.init(backend="mpi") as communicator:
@@ -333,6 +338,7 @@ def test_check_policy(monkeypatch, word, expected):
         assert communicator.check is False
 
 
+@needs_mpi4py
 def test_timeout_policy(monkeypatch):
     monkeypatch.setenv("DENSECCL_TIMEOUT", "7.5")
     with denseccl.init(backend="mpi") as communicator:
@@ -389,6 +395,7 @@ def test_torch_conjugated_and_negated_views_are_refused(comm):
     assert comm.allgather(x.conj().resolve_conj())[0].tolist() == x.conj().tolist()
 
 
+@needs_mpi4py
 def test_a_failure_seen_by_is_completed_breaks_the_communicator():
     """is_completed() polls like wait(): a transport failure found there (here, in the host step
     that runs once the transfer is done) marks the communicator broken instead of passing silently."""

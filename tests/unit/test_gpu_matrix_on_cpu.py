@@ -11,6 +11,7 @@ import pytest
 import denseccl
 from tests.gpu import matrix
 from tests.support.checker import expect_summaries
+from tests.support.optional import needs_mpi4py, require_mpi4py
 from tests.support.ranks import run_ranks
 
 RANK_PROGRAM = Path(__file__).with_name("gpu_matrix_rank.py")
@@ -18,6 +19,7 @@ RANK_PROGRAM = Path(__file__).with_name("gpu_matrix_rank.py")
 
 @pytest.fixture(scope="module")
 def comm():
+    require_mpi4py()
     communicator = denseccl.init(backend="mpi", timeout=30)
     yield communicator
     communicator.close()
@@ -38,6 +40,7 @@ def test_matrix_torch_cpu_one_rank(comm):
     assert report.checks > 200
 
 
+@needs_mpi4py
 def test_matrix_two_ranks():
     result = run_ranks(2, RANK_PROGRAM, timeout=300)
     expect_summaries(result.stdout, "gpu_matrix", 2)

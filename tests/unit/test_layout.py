@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import pickle
 import subprocess
 import sys
+import sysconfig
 from math import prod
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -295,6 +298,27 @@ def test_overlap_matches_brute_force(a, na, b, nb):
 # -- purity ----------------------------------------------------------------------------------
 
 
+def _standard_library(name: str, names: Any = getattr(sys, "stdlib_module_names", None)) -> bool:
+    """``name`` is a module of the standard library: one of ``names`` (``sys.stdlib_module_names``,
+    Python 3.10+), else by where it lives (built in, or in the interpreter's library, not site-packages)."""
+    if names is not None:
+        return name in names
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    library = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    origin = Path(spec.origin).resolve()
+    return library in origin.parents and "site-packages" not in origin.parts
+
+
+@pytest.mark.parametrize("names", [getattr(sys, "stdlib_module_names", None), None], ids=["names", "location"])
+def test_the_standard_library_check(names):
+    assert all(_standard_library(name, names) for name in ("sys", "math", "functools", "typing", "__future__"))
+    assert not any(_standard_library(name, names) for name in ("numpy", "pytest", "denseccl", "no_such_module"))
+
+
 def test_layout_imports_only_the_standard_library():
     tree = ast.parse(LAYOUT_PY.read_text())
     modules = set()
@@ -305,7 +329,7 @@ def test_layout_imports_only_the_standard_library():
             assert node.level == 0, f"relative import in layout.py: from {'.' * node.level}{node.module}"
             modules.add(node.module.split(".")[0])
     assert modules, "expected some imports"
-    assert modules <= set(sys.stdlib_module_names), modules - set(sys.stdlib_module_names)
+    assert all(_standard_library(name) for name in modules), {m for m in modules if not _standard_library(m)}
 
 
 def test_layout_runs_without_numpy():

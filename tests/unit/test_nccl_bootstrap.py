@@ -13,6 +13,7 @@ import denseccl
 from denseccl import bootstrap, config
 from denseccl.backends.nccl import init as nccl_bootstrap
 from denseccl.errors import DenseCCLError
+from tests.support.optional import needs_mpi4py
 
 RAW = bytes(range(128))
 
@@ -110,6 +111,12 @@ def test_launch_kind():
 
 
 def _fake_cupy(monkeypatch, *, gpu, nccl_available):
+    """A CuPy that says ``gpu`` and ``nccl_available``, with its compiled NCCL extension
+    (``cupy_backends.cuda.libs.nccl``) importable, whether or not the real CuPy is installed."""
+    for name in ("cupy_backends", "cupy_backends.cuda", "cupy_backends.cuda.libs", "cupy_backends.cuda.libs.nccl"):
+        module = types.ModuleType(name)
+        module.__path__ = []  # a package, so that its submodules import
+        monkeypatch.setitem(sys.modules, name, module)
     cupy = types.ModuleType("cupy")
     cupy.__version__ = "14.2.0"
     cupy.is_available = lambda: gpu
@@ -189,6 +196,7 @@ def test_default_backend(monkeypatch):
     assert bootstrap._default_backend() == "mpi"
 
 
+@needs_mpi4py
 def test_init_without_backend_picks_mpi_here(monkeypatch):
     monkeypatch.delenv("DENSECCL_BACKEND", raising=False)
     monkeypatch.setattr(nccl_bootstrap, "nccl_usable", lambda: False)

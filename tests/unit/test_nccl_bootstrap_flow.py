@@ -17,11 +17,14 @@ from denseccl.backends.nccl import init as nccl_bootstrap
 from denseccl.backends import rendezvous
 from denseccl.errors import MismatchError
 from denseccl.backends.nccl import transport as nccl_transport
-from denseccl.backends.mpi.transport import MPIControl
 from denseccl.backends.nccl.tables import version_code
 from denseccl.backends.store import SoloControl, StoreControl
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI
+from tests.support.optional import has_mpi4py, needs_mpi4py
+
+if has_mpi4py:
+    from denseccl.backends.mpi.transport import MPIControl
 
 
 @pytest.fixture()
@@ -139,6 +142,7 @@ def test_single_rank_without_launcher(fakes):
     assert comm.transport.comm.destroyed
 
 
+@needs_mpi4py
 def test_mpi_launch(fakes):
     from mpi4py import MPI
 
