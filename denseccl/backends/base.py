@@ -210,6 +210,8 @@ class ControlChannel(ABC):
 
     rank: int
     size: int
+    #: the shared-memory board that answers the agreement step on this rank's host, or None
+    board: Any = None
 
     @abstractmethod
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:

@@ -22,6 +22,13 @@ from denseccl.wait import WAITING
 needs_shm = pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")
 
 
+@pytest.fixture(autouse=True)
+def waiting_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads sharing a board may judge this process crowded (wait.WAITING): undone after each test."""
+    monkeypatch.setattr(WAITING, "crowded", WAITING.crowded)
+    monkeypatch.setattr(WAITING, "doorbells", WAITING.doorbells)
+
+
 def mine() -> set:
     """This process's segments in /dev/shm now."""
     return {name for name in os.listdir(segment.SHM) if name.startswith(f"{segment.PREFIX}{os.getpid()}-")}
@@ -210,8 +217,7 @@ def test_a_rank_that_gives_up_breaks_its_peers_wait() -> None:
 @needs_shm
 def test_crowded_threads_get_doorbells(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hosts, "local_placement", lambda: hosts.Placement(frozenset({0}), None, None))
-    monkeypatch.setattr(WAITING, "crowded", False)
-    monkeypatch.setattr(WAITING, "doorbells", None)
+    WAITING.crowded, WAITING.doorbells = False, None
 
     def work(channel: ThreadChannel) -> Any:
         control = open_shared(channel, time.monotonic() + 30)
