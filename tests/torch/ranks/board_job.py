@@ -1,6 +1,7 @@
 """Rank program: the agreement board without MPI, under torchrun or mp.spawn.
 
 usage: board_job.py SCENARIO [spawn N]   (torchrun sets the ranks; "spawn N" starts N itself)
+       board_job.py hosts PER_HOST          (torchrun on each simulated host, tests/hosts)
 
 Scenarios (every result against a reference built from every rank's inputs):
 - calls: the torch backend on a counting store: the world group, a subgroup per pair of ranks
@@ -11,6 +12,9 @@ Scenarios (every result against a reference built from every rank's inputs):
 - late: the last rank never arrives at a call: its peers raise CollectiveTimeoutError (or, once
   the first has given up, CommunicatorBrokenError through the board's flag); when the late rank
   arrives it sees the flag and raises CommunicatorBrokenError at once.
+- hosts: the calls scenario across hosts of PER_HOST ranks each: the world group agrees on a
+  board per host and among one leader per host (a gloo group), a subgroup within a host on its
+  board, a subgroup of one rank per host among leaders only; no store operation per call.
 - killed: after a call, the last rank is killed (SIGKILL); the others wait in the next call
   until the launcher ends the job.
 """
@@ -48,11 +52,18 @@ def my_segments() -> list:
     return [name for name in os.listdir(SHM) if name.startswith(f"{PREFIX}{os.getpid()}-")]
 
 
-def on_board(check: Checker, name: str, communicator: denseccl.Communicator, ranks: int) -> None:
+def on_board(check: Checker, name: str, communicator: denseccl.Communicator, ranks: int, hosts: int = 1) -> None:
+    """The communicator agrees on its host's board (of ``ranks`` ranks) and, across ``hosts``
+    hosts, among their leaders."""
     control = communicator.control
-    check.check(isinstance(control, SharedControl) and control.board is not None,
-                f"{name}: agreement over {control!r}, expected the shared-memory board")
-    if isinstance(control, SharedControl) and control.board is not None:
+    if not check.check(isinstance(control, SharedControl), f"{name}: agreement over {control!r}, expected boards"):
+        return
+    assert isinstance(control, SharedControl)
+    check.check(len(control.layout.hosts) == hosts, f"{name}: {control.path()}, expected {hosts} host(s)")
+    leader = control.layout.leaders[control.layout.mine] == control.rank
+    check.check((control.leaders is not None) == (hosts > 1 and leader), f"{name}: leaders' channel {control.leaders}")
+    check.check((control.board is not None) == (ranks > 1), f"{name}: board {control.board} for {ranks} ranks here")
+    if control.board is not None:
         crowded = len(os.sched_getaffinity(0)) < ranks
         check.check(control.board.crowded == crowded, f"{name}: crowded={control.board.crowded}, expected {crowded}")
         if crowded:
@@ -69,9 +80,16 @@ def host_communicator(group: object) -> denseccl.Communicator:
     return backend.host_communicator
 
 
-def exercise(check: Checker, name: str, group: object, members: list, seed: int, store: object) -> None:
+def exercise(
+    check: Checker, name: str, group: object, members: list, seed: int, store: object, per_host: int = 0
+) -> None:
+    """``per_host``: ranks per simulated host (0: one host)."""
     rank = dist.get_rank()
-    on_board(check, name, host_communicator(group), len(members))
+    if per_host:
+        here = [r for r in members if r // per_host == rank // per_host]
+        on_board(check, name, host_communicator(group), len(here), len({r // per_host for r in members}))
+    else:
+        on_board(check, name, host_communicator(group), len(members))
     x = channels_last(seed, rank)
     dist.all_reduce(x, group=group)  # the first call: anything lazy happens here
     before = store.ops
@@ -125,6 +143,19 @@ def calls(check: Checker, rank: int, size: int, store: object) -> None:
     check.check(my_segments() == [], f"segments of this rank left in {SHM}: {my_segments()}")
 
 
+def across(check: Checker, rank: int, size: int, per_host: int, store: object) -> None:
+    check.check(my_segments() == [], f"segments of this rank left in {SHM}: {my_segments()}")
+    hosts = size // per_host
+    exercise(check, "world", None, list(range(size)), 1, store, per_host)
+    within = [dist.new_group([h * per_host + i for i in range(per_host)], backend="denseccl") for h in range(hosts)]
+    mine = [rank // per_host * per_host + i for i in range(per_host)]
+    exercise(check, "within a host", within[rank // per_host], mine, 2, store, per_host)
+    spread = [dist.new_group([h * per_host + i for h in range(hosts)], backend="denseccl") for i in range(per_host)]
+    exercise(check, "one per host", spread[rank % per_host], [h * per_host + rank % per_host for h in range(hosts)],
+             3, store, per_host)
+    check.check(my_segments() == [], f"segments of this rank left in {SHM}: {my_segments()}")
+
+
 def late(check: Checker, rank: int, size: int) -> None:
     comm = denseccl.init(backend="gloo", timeout=3)
     on_board(check, "late", comm, size)
@@ -172,6 +203,11 @@ def main(rank: int, size: int) -> None:
         store = env_counting_store(rank, size)
         dist.init_process_group("denseccl", store=store, rank=rank, world_size=size)
         calls(check, rank, size, store)
+        dist.destroy_process_group()
+    elif SCENARIO == "hosts":
+        store = env_counting_store(rank, size)
+        dist.init_process_group("denseccl", store=store, rank=rank, world_size=size)
+        across(check, rank, size, int(sys.argv[2]), store)
         dist.destroy_process_group()
     elif SCENARIO == "late":
         late(check, rank, size)
