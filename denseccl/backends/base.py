@@ -232,6 +232,10 @@ class ControlChannel(ABC):
         None where ``color`` is None. Collective over all ranks."""
         raise DenseCCLError(f"{type(self).__name__} cannot split into sub-groups")
 
+    def path(self) -> str:
+        """How this channel takes the agreement step, in words (``DENSECCL_DEBUG=INFO``, docs)."""
+        return f"{type(self).__name__} ({self.size} ranks)"
+
     def give_up(self) -> None:
         """Tell the peers that this rank abandoned a call (a timeout): their current or next
         call must fail instead of pairing with it. Local, never blocks, never raises."""

@@ -59,7 +59,8 @@ class SharedControl(ControlChannel):
         """The agreement path in words (logs, the tests)."""
         if len(self.layout.hosts) == 1:
             return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded})"
-        return f"a board per host, then gloo among {len(self.layout.hosts)} leaders: {describe(self.layout)}"
+        among = self.leaders.path() if self.leaders is not None else "this rank is no leader"
+        return f"a board per host on {describe(self.layout)}, then one round among their leaders ({among})"
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
         """Across hosts: the host's board, the leaders' round, the leader's answer on the board."""
@@ -119,12 +120,12 @@ def open_shared(
     layout = exchange_about(inner, deadline)
     if not layout.usable:
         WAITING.note(layout.crowded[layout.mine])
-        log.info("agreement step: %r (%d ranks, no shared board: DENSECCL_SHARED_AGREEMENT, fence or /dev/shm)",
-                 inner, inner.size)
+        log.info("agreement step: %s; no shared board: DENSECCL_SHARED_AGREEMENT off, no fence or no /dev/shm "
+                 "on some rank (python -m denseccl says which)", inner.path())
         return inner
     ok, board = open_host_board(inner, layout, deadline)
     if not ok:
-        log.info("agreement step: %r (%d ranks: a host's board could not be mapped)", inner, inner.size)
+        log.info("agreement step: %s; a host's board could not be mapped", inner.path())
         return inner
     leaders = None
     if len(layout.hosts) > 1:

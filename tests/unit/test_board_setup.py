@@ -230,3 +230,17 @@ def test_crowded_threads_get_doorbells(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_page_holds_the_board_then_the_doorbells() -> None:
     assert page_bytes(2) == 5 * 64
+
+
+def test_the_environment_report_names_the_agreement_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from denseccl import envreport
+
+    paths = envreport.agreement_paths()
+    assert set(paths) == {"mpiexec, srun", "torchrun, spawn, store"}
+    if segment.available():
+        assert "no store operation per call" in paths["torchrun, spawn, store"]
+    assert "The agreement step" in envreport.report()
+    monkeypatch.setattr(fence, "page_fence", lambda machine=None: None)  # an ARM host without the fence
+    assert envreport.agreement_paths()["torchrun, spawn, store"].startswith("no board")
+    monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", "off")
+    assert all("is off" in text for text in envreport.agreement_paths().values())

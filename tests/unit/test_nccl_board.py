@@ -5,7 +5,6 @@ operation (counted through a wrapping store); a mismatch still raises on every r
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import numpy as np
@@ -23,8 +22,14 @@ pytestmark = pytest.mark.skipif(not segment.available(), reason="no /dev/shm her
 
 
 @pytest.mark.parametrize("size", [2, 4])
-def test_store_launch_agrees_on_the_board_without_store_operations(fakes, size):  # noqa: F811 - the fixture
+@pytest.mark.parametrize("board", [True, False], ids=["board", "store"])
+def test_store_launch_agrees_on_the_board_without_store_operations(fakes, size, board, monkeypatch):  # noqa: F811
+    """With boards off (``DENSECCL_SHARED_AGREEMENT=0``) the store channel makes its four
+    operations per call (set, wait, multi_get, delete): what the board removes. ``pytest -s``
+    prints both (docs/benchmark.md; no time: threads of one process take turns on the GIL)."""
     torch_distributed = pytest.importorskip("torch.distributed")
+    if not board:
+        monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", "0")
     from tests.support.counting_store import CountingStore
 
     server = torch_distributed.TCPStore("127.0.0.1", 0, size + 1, True, timeout=timedelta(seconds=30),
@@ -35,15 +40,16 @@ def test_store_launch_agrees_on_the_board_without_store_operations(fakes, size):
                                                          timeout=timedelta(seconds=30)))
         comm = denseccl.init(backend="nccl", store=store, rank=rank, size=size, device=0, timeout=20)
         control = comm.control
-        assert isinstance(control, SharedControl) and control.board is not None, control
-        assert isinstance(control.inner, StoreControl)  # mismatch reports and splits only
+        if board:
+            assert isinstance(control, SharedControl) and control.board is not None, control
+            assert isinstance(control.inner, StoreControl)  # mismatch reports and splits only
+        else:
+            assert isinstance(control, StoreControl), control
         ok = HostCAI(np.zeros((2, 3), np.float32))
         comm.allreduce(ok)
         before = store.ops
-        started = time.perf_counter()
         for _ in range(50):
             assert comm.allreduce(ok) is ok
-        seconds = (time.perf_counter() - started) / 50
         calls = store.ops - before
         odd = HostCAI(np.zeros((2, 3), np.float32) if rank else np.zeros((3, 2), np.float32).T)
         try:
@@ -51,8 +57,11 @@ def test_store_launch_agrees_on_the_board_without_store_operations(fakes, size):
             outcome = "no error"
         except MismatchError as error:
             outcome = str(error)
-        return calls, seconds, outcome
+        return calls, control.path(), outcome
 
-    for calls, _, outcome in _in_threads(size, body):
-        assert calls == 0, f"{calls} store operations in 50 calls"
+    results = _in_threads(size, body)
+    for calls, _, outcome in results:
+        assert calls == (0 if board else 4 * 50), f"{calls} store operations in 50 calls"
         assert "mismatch" in outcome and "layout" in outcome, outcome
+    print(f"\nNCCL path (fakes), store launch, {size} ranks as threads: {results[0][1]}, "
+          f"{results[0][0] / 50:g} store operations per call")

@@ -293,6 +293,9 @@ class GlooControl(_GlooGroup, ControlChannel):
         self._max = c10d.AllreduceOptions()
         self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
 
+    def path(self) -> str:
+        return f"a gloo allreduce per call on the control group ({self.size} ranks)"
+
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = torch.tensor(list(values), dtype=torch.int64)
         wait_work(self.group.allreduce([buffer], self._max), deadline, "the agreement step")
