@@ -144,9 +144,14 @@ def gloo_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float])
     if part is None or store is None:
         return part
     try:
+        from torch.distributed import Store  # noqa: PLC0415 - optional
+
         from ..backends.gloo.transport import GlooControl, make_group  # noqa: PLC0415 - needs torch
     except ImportError:
         log.info("agreement step: the hosts' leaders agree through the store (torch's gloo is not available)")
+        return part
+    if not isinstance(store, Store):
+        log.info("agreement step: the hosts' leaders agree through the store (not a torch store: no gloo group)")
         return part
     group = make_group(store, f"{prefix}/gloo/", part.rank, part.size, None, "the leaders' group", deadline)
     part.close()

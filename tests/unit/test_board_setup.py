@@ -4,6 +4,7 @@ and mp.spawn use it in tests/torch/test_torch_board.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -60,7 +61,8 @@ class ThreadChannel(ControlChannel):
         return every
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
-        raise AssertionError("the setup takes no allreduce")
+        rows = [json.loads(raw) for raw in self.allgather_bytes(json.dumps(list(values)).encode(), deadline)]
+        return [max(column) for column in zip(*rows)]
 
 
 def together(size: int, work: Any) -> List[Any]:
@@ -244,3 +246,45 @@ def test_the_environment_report_names_the_agreement_path(monkeypatch: pytest.Mon
     assert envreport.agreement_paths()["torchrun, spawn, store"].startswith("no board")
     monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", "off")
     assert all("is off" in text for text in envreport.agreement_paths().values())
+
+
+@needs_shm
+def test_across_hosts_each_host_agrees_then_its_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads as two hosts of two (told apart by their /dev/shm identity): a board per
+    host, then the leaders (ranks 0 and 2) over a channel of their own, then the leader's
+    answer on its board. Every rank gets the same answer: all agree; one rank differs on
+    host 0; on host 1; the hosts differ though each agrees within; one rank invalid."""
+    real = hosts.about_me
+    where = threading.local()
+
+    def about() -> Dict:
+        found = real()
+        found["where"] += f"/host{where.host}"  # as containers with a /dev/shm of their own
+        return found
+
+    monkeypatch.setattr(hosts, "about_me", about)
+    leaders_meeting = Meeting(2)
+
+    def make_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float]) -> Optional[ControlChannel]:
+        return ThreadChannel(leaders_meeting, inner.rank // 2) if leader else None
+
+    cases = [  # per rank (value, invalid) -> answer
+        ([(5, False)] * 4, SAME),
+        ([(5, False), (6, False), (5, False), (5, False)], DIFFERENT),
+        ([(5, False), (5, False), (5, False), (6, False)], DIFFERENT),
+        ([(5, False), (5, False), (7, False), (7, False)], DIFFERENT),
+        ([(5, False), (5, False), (5, True), (5, False)], DIFFERENT),
+        ([(9, False)] * 4, SAME),
+    ]
+
+    def work(channel: ThreadChannel) -> Any:
+        where.host = channel.rank // 2
+        control = open_shared(channel, time.monotonic() + 30, make_leaders)
+        assert isinstance(control, SharedControl) and len(control.layout.hosts) == 2
+        assert (control.leaders is not None) == (channel.rank % 2 == 0) and control.board is not None
+        answers = [control.all_equal(*case[channel.rank], time.monotonic() + 30) for case, _ in cases]
+        control.board.close()
+        return answers
+
+    for answers in together(4, work):
+        assert answers == [answer for _, answer in cases]
