@@ -38,7 +38,7 @@ class SharedControl(ControlChannel):
 
     def __init__(
         self, inner: ControlChannel, board: Optional[Board], leaders: Optional[ControlChannel], layout: Layout,
-        make_leaders: Leaders,
+        make_leaders: Leaders, sleepy: bool = False,
     ) -> None:
         self.inner = inner
         self.rank, self.size = inner.rank, inner.size
@@ -46,6 +46,7 @@ class SharedControl(ControlChannel):
         self.leaders = leaders
         self.layout = layout
         self._make_leaders = make_leaders
+        self._sleepy = sleepy
         #: this host's ranks share cores (passed on to splits through the layout)
         self.crowded = layout.crowded[layout.mine]
         if len(layout.hosts) == 1 and board is not None:
@@ -57,10 +58,11 @@ class SharedControl(ControlChannel):
 
     def path(self) -> str:
         """The agreement path in words (logs, the tests)."""
+        waits = ", waits sleep" if self.board is not None and self.board.crowded and not self.crowded else ""
         if len(self.layout.hosts) == 1:
-            return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded})"
+            return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded}{waits})"
         among = self.leaders.path() if self.leaders is not None else "this rank is no leader"
-        return f"a board per host on {describe(self.layout)}, then one round among their leaders ({among})"
+        return f"a board per host on {describe(self.layout)}{waits}, then one round among their leaders ({among})"
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
         """Across hosts: the host's board, the leaders' round, the leader's answer on the board."""
@@ -80,7 +82,7 @@ class SharedControl(ControlChannel):
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
         part = self.inner.split(color, key, deadline)
-        return None if part is None else open_shared(part, deadline, self._make_leaders)
+        return None if part is None else open_shared(part, deadline, self._make_leaders, self._sleepy)
 
     def give_up(self) -> None:
         if self.board is not None:
@@ -110,11 +112,18 @@ class SharedControl(ControlChannel):
 
 
 def open_shared(
-    inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders
+    inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders, sleepy: bool = False
 ) -> ControlChannel:
     """The control channel for the ranks of ``inner`` (collective over it): a
     :class:`SharedControl` where every rank can use a board, else ``inner`` itself. Judges
-    whether each host is crowded (recorded in ``wait.WAITING``) either way."""
+    whether each host is crowded (recorded in ``wait.WAITING``) either way.
+
+    ``sleepy``: the transport's own threads move the data (gloo: its waits block in the
+    library), so a rank that reaches the next agreement first must leave the cores to them:
+    its board waits give the core up at once and sleep on the host's doorbells, as on a crowded
+    host. Spinning there took the cores that gloo's threads needed to finish the peer's
+    transfer: a 4 KiB call took 5 ms instead of 0.7 ms on a loaded 2-core machine
+    (docs/benchmark.md)."""
     if inner.size == 1:
         return inner
     layout = exchange_about(inner, deadline)
@@ -123,14 +132,14 @@ def open_shared(
         log.info("agreement step: %s; no shared board: DENSECCL_SHARED_AGREEMENT off, no fence or no /dev/shm "
                  "on some rank (python -m denseccl says which)", inner.path())
         return inner
-    ok, board = open_host_board(inner, layout, deadline)
+    ok, board = open_host_board(inner, layout, deadline, sleepy)
     if not ok:
         log.info("agreement step: %s; a host's board could not be mapped", inner.path())
         return inner
     leaders = None
     if len(layout.hosts) > 1:
         leaders = make_leaders(inner, layout.leaders[layout.mine] == inner.rank, deadline)
-    control = SharedControl(inner, board, leaders, layout, make_leaders)
+    control = SharedControl(inner, board, leaders, layout, make_leaders, sleepy)
     log.info("agreement step: %s", control.path())
     return control
 

@@ -101,14 +101,17 @@ def plan(entries: Sequence[Dict[str, Any]], rank: int) -> Layout:
     return Layout(hosts, mine, all(entry["board"] for entry in entries), crowded, futex)
 
 
-def open_host_board(channel: ControlChannel, layout: Layout, deadline: Optional[float]) -> Tuple[bool, Optional[Board]]:
+def open_host_board(
+    channel: ControlChannel, layout: Layout, deadline: Optional[float], sleepy: bool = False
+) -> Tuple[bool, Optional[Board]]:
     """Over ``channel`` (collective): every host's segment, created by its first rank, mapped by
     the others, unlinked once all have. ``(ok, board)``: ok on every rank or on none; the board
     is None on a rank alone on its host. Records the host's crowding (and its doorbells) in
-    ``wait.WAITING``."""
+    ``wait.WAITING``; ``sleepy``: wait as on a crowded host whatever the judgement (see
+    control.open_shared)."""
     ranks = layout.ranks
     local, size = ranks.index(channel.rank), len(ranks)
-    crowded = layout.crowded[layout.mine]
+    crowded = layout.crowded[layout.mine] or sleepy
     nbytes = page_bytes(size) + size * WORDS * 4
     fence = page_fence()
     made: Optional[segment.Segment] = None

@@ -327,7 +327,8 @@ def open_gloo(
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     transport = GlooTransport(data, store, f"{prefix}data/", timeout)
-    return transport, open_shared(GlooControl(control, store, f"{prefix}control/", timeout), deadline)
+    # gloo's threads move the data: agreement waits leave them the cores (open_shared's sleepy)
+    return transport, open_shared(GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True)
 
 
 __all__ = ["GlooControl", "GlooPending", "GlooTransport", "make_group", "open_gloo", "span_tensor", "wait_work"]
