@@ -59,6 +59,8 @@ class SharedControl(ControlChannel):
     def path(self) -> str:
         """The agreement path in words (logs, the tests)."""
         waits = ", waits sleep" if self.board is not None and self.board.crowded and not self.crowded else ""
+        if len(self.layout.hosts) > 1:
+            waits = ""  # always: a board wait across hosts lasts a leaders' round
         if len(self.layout.hosts) == 1:
             return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded}{waits})"
         among = self.leaders.path() if self.leaders is not None else "this rank is no leader"
@@ -132,7 +134,8 @@ def open_shared(
         log.info("agreement step: %s; no shared board: DENSECCL_SHARED_AGREEMENT off, no fence or no /dev/shm "
                  "on some rank (python -m denseccl says which)", inner.path())
         return inner
-    ok, board = open_host_board(inner, layout, deadline, sleepy)
+    # across hosts a rank's board wait lasts its leader's network round: it sleeps, never spins
+    ok, board = open_host_board(inner, layout, deadline, sleepy or len(layout.hosts) > 1)
     if not ok:
         log.info("agreement step: %s; a host's board could not be mapped", inner.path())
         return inner
