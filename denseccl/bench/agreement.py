@@ -123,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     every = [json.loads(raw) for raw in sync.allgather_bytes(json.dumps(times).encode(), time.monotonic() + 120)]
     if rank == 0:
         rows = {name: _summary([[entry[name][k] for entry in every] for k in range(args.rounds)]) for name in names}
-        crowded = "crowded (ranks share cores)" if WAITING.crowded else "a core per rank"
+        crowded = "waits yield and sleep (crowded or across hosts)" if WAITING.crowded else "waits spin first"
         print(f"# agreement step per call, {size} ranks, {crowded}; median of {args.rounds} alternating rounds "
               f"(us, mean over the ranks that take part), range; under mpiexec: {launched_by_mpi()}")
         for name, (median, low, high) in rows.items():
