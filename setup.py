@@ -1,8 +1,10 @@
-"""The one compiled part: denseccl._half_kernels, float16/bfloat16 loops for the MPI transport.
+"""The compiled parts, both optional: denseccl._half_kernels, float16/bfloat16 loops for the MPI
+transport, and denseccl._fence, the memory fence of the shared-memory agreement board.
 
-It is optional: without a C compiler the install still succeeds and denseccl reduces half types
-with torch's kernels (when torch is imported) or NumPy's (slower); see backends/mpi/host_kernels.py.
-Everything else is in pyproject.toml.
+Without a C compiler the install still succeeds: denseccl reduces half types with torch's kernels
+(when torch is imported) or NumPy's (slower), see backends/mpi/host_kernels.py; and without the
+fence, ranks launched without MPI agree through the board only on x86 (whose store order suffices),
+see board/fence.py. Everything else is in pyproject.toml.
 """
 
 import sys
@@ -14,5 +16,10 @@ from setuptools import Extension, setup
 posix = sys.platform != "win32"
 flags = ["-O3", "-std=c99", "-fno-trapping-math", "-g0"] if posix else []
 link = ["-s"] if posix and sys.platform != "darwin" else []
-setup(ext_modules=[Extension("denseccl._half_kernels", ["denseccl/_half_kernels.c"], extra_compile_args=flags,
-                             extra_link_args=link, optional=True)])
+fence_flags = ["-O2", "-std=c11", "-g0"] if posix else []
+setup(ext_modules=[
+    Extension("denseccl._half_kernels", ["denseccl/_half_kernels.c"], extra_compile_args=flags,
+              extra_link_args=link, optional=True),
+    Extension("denseccl._fence", ["denseccl/_fence.c"], extra_compile_args=fence_flags, extra_link_args=link,
+              optional=True),
+])

@@ -35,6 +35,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "versions": envreport.versions(load=True),
         "mpi_library": envreport.mpi_library_version(load=True),
         "half_kernels": {"built": built, "detail": kernels},
+        "agreement": envreport.agreement_paths(),
         "backends": {name: {"available": ok, "detail": why} for name, (ok, why) in envreport.backends().items()},
         "cpus": envreport.cpus(),
         "environment": envreport.environment(),

@@ -206,6 +206,36 @@ def backends() -> "OrderedDict[str, Tuple[bool, str]]":
     return found
 
 
+def agreement_paths() -> "OrderedDict[str, str]":
+    """How a communicator takes the agreement step here, per kind of launch (docs/design.md)."""
+    from .board import fence, segment  # noqa: PLC0415
+    from .board.board import usable_here  # noqa: PLC0415
+
+    paths: "OrderedDict[str, str]" = OrderedDict()
+    if not usable_here():
+        off = "DENSECCL_SHARED_AGREEMENT is off: "
+        paths["mpiexec, srun"] = off + "an MPI allreduce per call on the control communicator"
+        paths["torchrun, spawn, store"] = off + "a gloo round (gloo engine) or four store operations (NCCL) per call"
+        return paths
+    paths["mpiexec, srun"] = (
+        "the ranks of a host on a shared-memory board (an MPI shared window, ordered by Win.Sync) when every rank of "
+        "the communicator shares it; otherwise an MPI allreduce per call"
+    )
+    where = "/dev/shm" if segment.available() else ""
+    order = fence.page_fence()
+    if where and order is not None:
+        paths["torchrun, spawn, store"] = (
+            f"a shared-memory board per host (a {where} segment, unlinked once mapped; fence: {fence.describe()}); "
+            "across hosts one round among one leader per host over gloo; no store operation per call"
+        )
+    else:
+        why = "no /dev/shm" if not where else f"no fence: {fence.describe()}"
+        paths["torchrun, spawn, store"] = (
+            f"no board ({why}): a gloo round per call (gloo engine), four store operations per call (NCCL)"
+        )
+    return paths
+
+
 def environment(environ: Optional[Dict[str, str]] = None) -> "OrderedDict[str, str]":
     """The set variables that steer denseccl, its launchers and its engines, sorted by name."""
     source = dict(os.environ if environ is None else environ)
@@ -261,6 +291,10 @@ def report() -> str:
     lines.append("Compiled half kernels (float16/bfloat16 on MPI)")
     lines.append(_fill(f"{'yes' if built else 'NO'}: {text}", "  ", "    "))
     lines.append("")
+    lines.append("The agreement step (per launch)")
+    for name, text in agreement_paths().items():
+        lines.append(_fill(text, f"  {name:<23} ", " " * 26))
+    lines.append("")
     lines.append("Backends: can they run here?")
     for name, (ok, why) in backends().items():
         lines.append(_fill(why if ok else "no: " + why, f"  {name:<14} ", " " * 17))
@@ -275,6 +309,7 @@ def report() -> str:
 
 __all__ = [
     "NOT_INSTALLED",
+    "agreement_paths",
     "backends",
     "compress",
     "cpus",

@@ -216,6 +216,8 @@ class ControlChannel(ABC):
 
     rank: int
     size: int
+    #: the shared-memory board that answers the agreement step on this rank's host, or None
+    board: Any = None
 
     @abstractmethod
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
@@ -235,6 +237,10 @@ class ControlChannel(ABC):
         """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
         None where ``color`` is None. Collective over all ranks."""
         raise DenseCCLError(f"{type(self).__name__} cannot split into sub-groups")
+
+    def path(self) -> str:
+        """How this channel takes the agreement step, in words (``DENSECCL_DEBUG=INFO``, docs)."""
+        return f"{type(self).__name__} ({self.size} ranks)"
 
     def give_up(self) -> None:
         """Tell the peers that this rank abandoned a call (a timeout): their current or next

@@ -63,6 +63,9 @@ class StoreControl(ControlChannel):
     def __repr__(self) -> str:
         return f"<StoreControl {self.prefix} rank {self.rank} of {self.size}>"
 
+    def path(self) -> str:
+        return f"key-value store: set, wait, get and delete per call ({self.size} ranks)"
+
     def _key(self, sequence: int, rank: int) -> str:
         return f"{self.prefix}/{sequence}/{rank}"
 

@@ -34,7 +34,8 @@ def _waits_line(world: Any) -> str:
     """How denseccl waits on this run's hosts (docs/performance-pinning.md). Collective over
     ``world``: the ranks of each host compare their CPUs and cgroup quotas."""
     from ..wait import WAITING  # noqa: PLC0415
-    from ..backends.mpi.cores import host_crowded, local_placement  # noqa: PLC0415
+    from ..backends.mpi.shared import host_crowded  # noqa: PLC0415
+    from ..board.cores import local_placement  # noqa: PLC0415
 
     crowded = host_crowded(world)
     limit = local_placement().limit

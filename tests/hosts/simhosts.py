@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from denseccl.config import MPI_LAUNCH_VARIABLES
 from tests.support import ranks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,6 +284,55 @@ class SimHosts:
             raise AssertionError(result.describe())
         return result
 
+    def torchrun(
+        self,
+        argv: Sequence[str],
+        *,
+        hosts: int,
+        per_host: int,
+        env: Optional[Dict[str, str]] = None,
+        timeout: float = 120,
+    ) -> JobResult:
+        """Run ``argv`` (a Python script and its arguments) under torchrun on each of ``hosts``
+        hosts with ``per_host`` ranks each (ranks ``i*per_host ...`` on host ``h<i>``), meeting on
+        the store of h0's agent, as a multi-node torchrun job does; no MPI anywhere. Each host's
+        output is gathered (``outputs``: by host index); ``returncode``: the first nonzero one."""
+        assert 1 <= hosts <= self.count
+        master = self.hosts[0].address
+        port = "29400"  # inside the hosts' own network namespaces: no other job can hold it
+        environment = {k: v for k, v in self.environment(env).items() if k not in MPI_LAUNCH_VARIABLES}
+        processes = []
+        for index in range(hosts):
+            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(hosts), "--nproc-per-node",
+                       str(per_host), "--node-rank", str(index), "--master-addr", master, "--master-port", port,
+                       *argv]
+            kinds = list(HOST_NAMESPACES)
+            processes.append(subprocess.Popen(
+                ["nsenter", "-t", str(self.hosts[index].pid), *kinds, f"--wd={ROOT}", *command],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            ))
+        outputs, timed_out, deadline = {}, False, time.monotonic() + timeout
+        try:
+            for index, process in enumerate(processes):
+                try:
+                    outputs[index], _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill(-process.pid)
+                    outputs[index], _ = process.communicate()
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    _kill(-process.pid)
+            self.reap()
+        codes = [process.returncode for process in processes]
+        result = JobResult(["torchrun", *argv], next((c for c in codes if c), 0), "\n".join(outputs.values()), "",
+                           timed_out, outputs)
+        if timed_out or result.returncode:
+            raise AssertionError(result.describe())
+        return result
+
     def _placement(self, flavour: str, names: Sequence[str], per_host: int, hostfile: bool) -> List[str]:
         """Launcher options that put ``per_host`` ranks on each of ``names``, in order."""
         if not hostfile:
@@ -355,6 +405,7 @@ def _kill(pid: int) -> None:
 
 
 _OPEN: List[SimHosts] = []
+
 
 
 @atexit.register

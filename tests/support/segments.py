@@ -14,6 +14,13 @@ Concurrent jobs (other tests, other users) have other launcher pids, hence other
 removes the segments with its job's names that no live process maps (``/proc/*/maps``); every
 job the suite starts is recorded in :data:`JOBS`, so that the end of the session can check that
 none of their segments is left (tests/conftest.py).
+
+Not every MPI process of a run is a Job's: the test process itself becomes an MPI singleton as
+soon as a test module imports ``mpi4py.MPI`` (at collection, in the run's first minutes), and a
+test may start a program that imports it with a plain ``subprocess.run``. :class:`Descendants`
+records, while the run lasts, every process the test process starts (directly or not) with its
+command, so that the end of the session finds a singleton's segment that any of them left, and
+says which command made it.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence, Set
 
 SHM = Path("/dev/shm")
 #: MPICH's segment names: kind, world id (hex), node id
@@ -185,6 +192,76 @@ class Job:
             time.sleep(0.1)
         self.removed |= removed
         return removed
+
+
+class Descendants:
+    """The processes descended from this one until :meth:`stop`: pid -> command line. Children
+    started with ``subprocess.Popen`` are recorded as they start (``Popen.__init__`` is wrapped:
+    a short-lived one would escape any sampling); their own children are sampled every
+    :data:`SAMPLE_SECONDS`."""
+
+    def __init__(self) -> None:
+        self.root = os.getpid()
+        self.commands: Dict[int, str] = {self.root: "this test process"}
+        self._done = threading.Event()
+        started = subprocess.Popen.__init__
+        commands = self.commands
+
+        def recorded(popen: subprocess.Popen, *args: object, **kwargs: object) -> None:
+            started(popen, *args, **kwargs)  # type: ignore[arg-type]
+            given = popen.args
+            text = " ".join(map(str, given)) if isinstance(given, (list, tuple)) else str(given)
+            commands[popen.pid] = text[:200]
+
+        subprocess.Popen.__init__ = recorded  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="denseccl-descendants")
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.wait(SAMPLE_SECONDS):
+            self.sample()
+
+    def sample(self) -> None:
+        parents: Dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        for pid in parents:
+            chain, ancestor = [], pid
+            while ancestor in parents and ancestor not in self.commands and ancestor != 1 and len(chain) < 64:
+                chain.append(ancestor)
+                ancestor = parents[ancestor]
+            if ancestor in self.commands and chain:
+                for member in chain:
+                    self.commands[member] = _command(member)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.sample()
+
+    def segments(self) -> Dict[str, str]:
+        """Singleton segments in /dev/shm named by one of these processes (MPICH names a
+        singleton's by its pid), each with the command of the process that made it."""
+        found = {}
+        for name in _names():
+            match = SEGMENT.match(name)
+            if match:
+                pid = int(match.group(1), 16)
+                if pid in self.commands:
+                    found[name] = self.commands[pid]
+        return found
+
+
+def _command(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                or f"pid {pid}")[:200]
+    except OSError:
+        return f"pid {pid}"
 
 
 def left_by(jobs: Iterable[Job]) -> Set[str]:

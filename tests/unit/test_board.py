@@ -1,4 +1,4 @@
-"""The shared-memory arrival board (denseccl/backends/mpi/board.py) in one process: ranks as
+"""The shared-memory arrival board (denseccl/board/board.py) in one process: ranks as
 threads over one shared page. Real ranks use it in tests/mpi/test_agreement_paths.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from denseccl import config
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
-from denseccl.backends.mpi import board as board_module
-from denseccl.backends.mpi.board import DIFFERENT, MIXED_TAGS, SAME, Board, page_bytes
+from denseccl.board import board as board_module
+from denseccl.board.board import DIFFERENT, MIXED_TAGS, SAME, Board, page_bytes
 
 
 def boards(size: int) -> list:
@@ -105,22 +105,26 @@ def test_a_peer_that_gave_up_fails_the_wait_at_once() -> None:
     assert time.monotonic() - started < 15  # well before its own 30 s timeout, however loaded the machine
 
 
-class Window:
-    """Stands in for the MPI window a board opened on real ranks: counts its unlocks."""
+class Owner:
+    """Stands in for what provides a board's page on real ranks (an MPI window, a mapping):
+    counts how often it is told the board closed."""
 
     def __init__(self) -> None:
         self.unlocked = 0
 
-    def Unlock_all(self) -> None:  # noqa: N802 - mpi4py's name
+    def close(self) -> None:
         self.unlocked += 1
+
+    def retire(self) -> None:
+        pass
 
 
 def test_close_is_local_and_idempotent() -> None:
     """One rank closes alone (no peer takes part), releases its own views of the page and its
-    window once; a second close does nothing; the peer's board is untouched."""
+    page's owner once; a second close does nothing; the peer's board is untouched."""
     page = mmap.mmap(-1, page_bytes(2))
-    window = Window()
-    peer, member = Board(page, 0, 2), Board(page, 1, 2, window=window)
+    window = Owner()
+    peer, member = Board(page, 0, 2), Board(page, 1, 2, owner=window)
     member.close()
     assert window.unlocked == 1
     with pytest.raises(ValueError, match="released"):
@@ -138,4 +142,4 @@ def test_close_is_local_and_idempotent() -> None:
 @pytest.mark.parametrize("word, on", [("0", False), ("off", False), ("1", True), ("", True)])
 def test_environment_switch(monkeypatch: pytest.MonkeyPatch, word: str, on: bool) -> None:
     monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", word)
-    assert board_module.usable_here() is on  # any processor: ordering comes from Win.Sync
+    assert board_module.usable_here() is on  # any processor: ordering comes from the provider's fence

@@ -19,6 +19,8 @@ from denseccl.errors import MismatchError
 from denseccl.backends.nccl import transport as nccl_transport
 from denseccl.backends.nccl.tables import version_code
 from denseccl.backends.store import SoloControl, StoreControl
+from denseccl.board.control import SharedControl
+from denseccl.wait import WAITING
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI
 from tests.support.optional import has_mpi4py, needs_mpi4py
@@ -73,6 +75,13 @@ def fakes(monkeypatch):
     return nccl
 
 
+@pytest.fixture(autouse=True)
+def waiting_policy(monkeypatch):
+    """Threads sharing a board judge this process crowded (wait.WAITING): undone after each test."""
+    monkeypatch.setattr(WAITING, "crowded", WAITING.crowded)
+    monkeypatch.setattr(WAITING, "doorbells", WAITING.doorbells)
+
+
 def _in_threads(size, body):
     results, errors = [None] * size, []
 
@@ -99,7 +108,9 @@ def test_explicit_store_three_ranks(fakes, torch_distributed):
         comms = [denseccl.init(backend="nccl", store=store, rank=rank, size=3, device=0, timeout=20) for _ in range(2)]
         first = comms[0]
         assert (first.backend, first.rank, first.size, first.transport.device) == ("nccl", rank, 3, 0)
-        assert isinstance(first.control, StoreControl) and first.control.prefix != comms[1].control.prefix
+        # the threads share this host: the agreement on its board, the rest over the store
+        assert isinstance(first.control, SharedControl) and isinstance(first.control.inner, StoreControl)
+        assert first.control.inner.prefix != comms[1].control.inner.prefix
         ok = HostCAI(np.zeros((2, 3), np.float32))
         assert first.allreduce(ok) is ok  # every rank agrees: the (fake) NCCL call runs
         odd = HostCAI(np.zeros((2, 3), np.float32) if rank else np.zeros((2, 3), np.float32).T.copy().T)

@@ -7,7 +7,8 @@ then a division, ``PreMulSum`` as a scaling first, an out-of-place allreduce as 
 input as scratch there, and denseccl promises to only read it), dtypes gloo cannot move (int16,
 the unsigned ints above 8 bits, fp8) as bytes. Reductions of those dtypes are refused.
 
-The agreement step runs on a second gloo group of the same ranks (:class:`GlooControl`), so
+The agreement step runs on the shared-memory board of each host (denseccl/board/control.py),
+and where there is none on a second gloo group of the same ranks (:class:`GlooControl`), so
 that it never queues behind a large transfer. Both groups are made from one key-value store; a
 peer that never joins makes their creation raise :class:`CollectiveTimeoutError` in time.
 """
@@ -23,6 +24,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
+from ...board.control import open_shared
 from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
@@ -291,6 +293,9 @@ class GlooControl(_GlooGroup, ControlChannel):
         self._max = c10d.AllreduceOptions()
         self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
 
+    def path(self) -> str:
+        return f"a gloo allreduce per call on the control group ({self.size} ranks)"
+
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = torch.tensor(list(values), dtype=torch.int64)
         wait_work(self.group.allreduce([buffer], self._max), deadline, "the agreement step")
@@ -311,16 +316,19 @@ class GlooControl(_GlooGroup, ControlChannel):
 
 def open_gloo(
     store: Any, rank: int, size: int, timeout: Optional[float], prefix: str, deadline: Optional[float]
-) -> Tuple[GlooTransport, GlooControl]:
+) -> Tuple[GlooTransport, ControlChannel]:
     """The transport and control channel of ``size`` ranks meeting on ``store``: two gloo groups
-    (data, agreement) under ``prefix``. CollectiveTimeoutError when a peer has not joined by
-    ``deadline`` (a ``time.monotonic()`` value; None: never)."""
+    (data, agreement) under ``prefix``; the agreement step on the hosts' shared-memory boards
+    where they can be made (denseccl/board/control.py), on the second group otherwise.
+    CollectiveTimeoutError when a peer has not joined by ``deadline`` (a ``time.monotonic()``
+    value; None: never)."""
     if not 0 <= rank < size:
         raise DenseCCLError(f"rank {rank} is not in 0..{size - 1}")
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     transport = GlooTransport(data, store, f"{prefix}data/", timeout)
-    return transport, GlooControl(control, store, f"{prefix}control/", timeout)
+    # gloo's threads move the data: agreement waits leave them the cores (open_shared's sleepy)
+    return transport, open_shared(GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True)
 
 
 __all__ = ["GlooControl", "GlooPending", "GlooTransport", "make_group", "open_gloo", "span_tensor", "wait_work"]

@@ -6,9 +6,8 @@ makes sense with an MPI library underneath lives in this package: the init (:mod
 transport (:mod:`.transport`) with the float16/bfloat16 reductions MPI cannot do
 (:mod:`.host_kernels`) and the persistent requests of repeated calls, paired by a tag
 (:mod:`.calls`; nothing outside this package knows tags), the control channel (:mod:`.control`)
-on MPI or on a shared-memory board (:mod:`.board`), and whether the host's ranks can each have
-a core (:mod:`.cores`), which sets the wait policy, with the doorbells where crowded ranks sleep
-(:mod:`.doorbell`).
+on MPI or on the shared-memory board (denseccl/board/), whose page, doorbells and placements
+the MPI library provides under an MPI launch (:mod:`.shared`).
 
 Nothing here is imported before a communicator asks for MPI: importing mpi4py initialises MPI.
 """

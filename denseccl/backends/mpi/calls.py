@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from ... import config
 from ..base import ControlChannel, Start, abandon
-from .board import MIXED_TAGS, SAME
+from ...board.board import MIXED_TAGS, SAME
 
 #: a request held for one (geometry, address): (tag, request, its Start, its Test)
 Entry = Tuple[int, Any, Callable[[], Any], Callable[[], bool]]

@@ -1,6 +1,6 @@
 """The MPI backend's control channels; :func:`open_control` picks one per communicator:
 :class:`BoardControl` where every rank shares this host (the agreement step through a
-shared-memory board, board.py, at no library call), :class:`MPIControl` otherwise.
+shared-memory board, denseccl/board/, at no library call), :class:`MPIControl` otherwise.
 
 Why a channel of its own beside the transport: the agreement step runs before every checked
 call, and on its own duplicate of the job's communicator it never queues behind a large
@@ -22,10 +22,10 @@ from mpi4py import MPI
 
 from ... import config, log
 from ...errors import CommunicatorBrokenError, peer_gave_up_error
-from . import cores
+from ...board.board import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, Board
 from ...wait import wait_until
 from ..base import ControlChannel, Flag, abandon
-from .board import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, Board
+from .shared import host_crowded, open_board
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
@@ -209,13 +209,13 @@ def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
     """The control channel for the mpi4py communicator ``comm`` (which it then owns; collective
     over ``comm``): a board where every rank shares this host and can use one, MPI otherwise.
     ``crowded``: whether the host's ranks cannot each have a core of their own (a split
-    passes its parent's; by default judged here, cores.py)."""
+    passes its parent's; by default judged here, board/cores.py)."""
     size = comm.Get_size()
     if size == 1:
         return MPIControl(comm, crowded)
     if crowded is None:
-        crowded = cores.host_crowded(comm)
-    board = Board.open(comm, crowded)
+        crowded = host_crowded(comm)
+    board = open_board(comm, crowded)
     if board is None:
         log.info("agreement step: MPI allreduce on the control communicator (%d ranks, no shared board)", size)
         return MPIControl(comm, crowded)

@@ -222,7 +222,8 @@ def init_nccl(
     """A Communicator over NCCL (launches and devices: docs/nccl.md); the store's unique id
     exchange and the first barrier are bounded by ``deadline``."""
     cupy, nccl = _require_nccl()
-    from ..store import SoloControl, StoreControl, wait_for_keys  # noqa: PLC0415
+    from ...board.control import open_store_control  # noqa: PLC0415
+    from ..store import SoloControl, wait_for_keys  # noqa: PLC0415
     from .transport import NCCLTransport  # noqa: PLC0415
 
     kind = launch_kind(comm=comm, store=store, size=size)
@@ -262,7 +263,7 @@ def init_nccl(
                 store.set(key, unique_id_bytes(nccl.get_unique_id()))
             wait_for_keys(store, [key], deadline, "the NCCL unique id exchange")
             raw = unique_id_bytes(store.get(key))
-            control = StoreControl(store, rank, size, f"{namespace}/control")
+            control = open_store_control(store, rank, size, f"{namespace}/control", deadline)
 
     with cupy.cuda.Device(device):
         nccl_comm = make_communicator(nccl.NcclCommunicator, size, raw, rank, cupy.__version__)

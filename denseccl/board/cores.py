@@ -11,17 +11,15 @@ machine's cores, not the ones a rank may use. What can tell:
 - the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``; ``docker --cpus``, Kubernetes
   limits): ranks polling past it are throttled for the rest of the period, whatever their masks.
 
-:func:`host_crowded` gathers both from every rank of a host once, at bootstrap.
+:func:`judge` decides from every rank's :class:`Placement`, gathered once at bootstrap by whoever
+starts the ranks: the MPI backend (backends/mpi/shared.py) or the store setup (hosts.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
-
-from ...wait import WAITING
-from .doorbell import Doorbells
+from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 class Placement(NamedTuple):
     """What one rank may use: its affinity mask, and its cgroup with that cgroup's CPU limit."""
@@ -153,22 +151,6 @@ def judge(placements: Sequence[Placement]) -> bool:
             ranks_per_cgroup[placement.cgroup] = ranks_per_cgroup.get(placement.cgroup, 0) + 1
             limits[placement.cgroup] = placement.limit
     return any(ranks > limits[cgroup] + 1e-9 for cgroup, ranks in ranks_per_cgroup.items())
-
-
-def host_crowded(comm: Any) -> bool:
-    """Collective over the mpi4py communicator ``comm``: whether its ranks on this host are
-    crowded (:func:`judge`, the same answer on every rank); recorded in this process's wait
-    policy (``wait.WAITING``) with the host's doorbells (doorbell.py) where they are."""
-    from mpi4py import MPI  # noqa: PLC0415 - only MPI jobs exchange placements
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    try:
-        found = judge(node.allgather(local_placement()))
-        doorbells = Doorbells.open(node) if found and node.Get_size() > 1 else None
-    finally:
-        node.Free()
-    WAITING.note(found, doorbells)
-    return found
 
 
 def usable_cores(placement: Optional[Placement] = None) -> int:

@@ -1,33 +1,34 @@
-"""The arrival board: the agreement step through shared memory when all ranks share a host.
+"""The arrival board: the agreement step through shared memory when ranks share a host.
 
-Why: over MPI the agreement is a tiny allreduce whose setup costs about as much as the 4 KiB
-collective it guards. On one host the ranks answer it through a shared page instead: each rank
-writes ``(digest, invalid, tag)`` and then the call's sequence number into its own cache line,
-and reads a peer's line once its sequence number has arrived. A last line holds a flag: the
-rank (plus one) that gave up on a call (a timeout). That rank also retracts its entries, so
-that no late peer agrees with an entry of the abandoned call, and a waiting peer fails at once.
+Why: a control-channel message per call (an MPI allreduce, a gloo round trip, key-value store
+operations) costs as much as, or far more than, the small collective it guards. On one host the
+ranks answer the agreement step through a shared page instead: each rank writes
+``(digest, invalid, tag)`` and then the call's sequence number into its own cache line, and
+reads a peer's line once its sequence number has arrived. A last line holds a flag: the rank
+(plus one) that gave up on a call (a timeout). That rank also retracts its entries, so that no
+late peer agrees with an entry of the abandoned call, and a waiting peer fails at once.
 
 Two sets of lines serve alternate calls: a rank rewrites a line for call ``k + 2`` only after
-every peer arrived at call ``k + 1``, hence has read everything of call ``k``. The page is an
-MPI shared window (no file of ours exists, nothing is left behind when a job is killed),
-ordered by MPI's unified memory model as mpi4py's ``util/sync.py`` does: ``Win.Sync`` between
-writing the values and publishing the sequence number, and between seeing every peer's number
-and reading their values; no processor's store order is assumed. Closing is local
-(``Win.Free`` waits for every rank), so a closed board's window stays until the process ends.
+every peer arrived at call ``k + 1``, hence has read everything of call ``k``.
+
+The protocol is written once, over *a page and a fence*; who provides them does not matter
+(backends/mpi/shared.py: an MPI shared window with ``Win.Sync``; segment.py: a mapping
+bootstrapped over a store, with the compiled fence of fence.py). Ordering relied on: a fence
+between writing a line's values and publishing its sequence number (release), and between
+seeing every peer's number and reading their values (acquire). No processor's store order is
+assumed beyond what the provider's fence gives.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
-from ... import config
-from ...errors import peer_gave_up_error
-from .doorbell import RETIRED, shared_window
-from ...wait import WAITING, wait_until
+from .. import config
+from ..errors import peer_gave_up_error
+from ..wait import WAITING, wait_until
 
-#: answers of the MPI backend's agreement step (``all_equal`` with a tag): falsy only when the
+#: answers of the agreement step (``all_equal`` with a tag): falsy only when the
 #: ranks disagree; MIXED_TAGS when they agree on the call but hold different persistent
 #: requests for it (calls.py)
 DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
@@ -42,16 +43,28 @@ TURNS = range(config.CROWDED_TURNS)
 
 
 def usable_here() -> bool:
-    """Whether boards are on (``DENSECCL_SHARED_AGREEMENT``, default on)."""
+    """Whether boards are on (``DENSECCL_SHARED_AGREEMENT``, default on); the processor's
+    ordering is the provider's concern (its fence)."""
     return config.settings().shared_agreement
+
+
+class Owner(Protocol):
+    """What provides a board's page (an MPI window, a mapping) and outlives it."""
+
+    def close(self) -> None:
+        """The board no longer reads the page (local: peers need not take part)."""
+
+    def retire(self) -> None:
+        """The board stops, but a wait may still read its flag: keep the page mapped."""
 
 
 class Board:
     """One communicator's board: ``all_equal`` is the agreement step for its ``size`` ranks.
 
     ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed;
-    ``sync``: the memory barrier that orders its stores and loads across ranks (``Win.Sync``);
-    ``window``: the MPI window that owns ``memory``, retired on close."""
+    ``fence``: the full memory barrier that orders its stores and loads across ranks (the
+    provider's: ``Win.Sync``, or fence.py's); ``owner``: what provides ``memory``, told when
+    the board closes or retires."""
 
     def __init__(
         self,
@@ -59,8 +72,8 @@ class Board:
         rank: int,
         size: int,
         crowded: bool = False,
-        sync: Optional[Callable[[], Any]] = None,
-        window: Any = None,
+        fence: Optional[Callable[[], Any]] = None,
+        owner: Optional[Owner] = None,
     ) -> None:
         self.rank = rank
         self.size = size
@@ -68,10 +81,10 @@ class Board:
         self.crowded = crowded
         self._spins = 0 if crowded else config.BOARD_SPINS
         self._words = memoryview(memory).cast("B").cast("q")
-        self._sync = sync if sync is not None else _no_barrier
-        self._window = window
+        self._fence = fence if fence is not None else _no_barrier
+        self._owner = owner
         self._sequence = 0
-        #: drives the MPI library's progress while a wait lasts (Board.open sets an Iprobe)
+        #: drives the library's progress while a wait lasts (an MPI board sets an Iprobe)
         self.progress: Optional[Callable[[], Any]] = None
         #: the word of the "gave up" flag: 0, or the rank that gave up plus one
         self._flag = 2 * size * LINE
@@ -83,28 +96,6 @@ class Board:
             for base in (0, size * LINE)
         )
 
-    @classmethod
-    def open(cls, comm: Any, crowded: bool) -> Optional["Board"]:
-        """A board for the mpi4py communicator ``comm`` (collective over ``comm``), or None where
-        its ranks do not all share this host's memory or boards are off. ``crowded``: whether
-        the host's ranks share cores (cores.py, recorded in ``wait.WAITING`` when judged)."""
-        from mpi4py import MPI  # noqa: PLC0415 - the board is built on an MPI communicator
-
-        rank, size = comm.Get_rank(), comm.Get_size()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-        try:
-            if not comm.allreduce(node.Get_size() == size and usable_here(), op=MPI.LAND):
-                return None
-            window = shared_window(node, page_bytes(size), 8)
-        finally:
-            node.Free()  # the window keeps what it needs of it
-        if window is None:
-            return None
-        memory, _ = window.Shared_query(0)
-        board = cls(memory, rank, size, crowded, window.Sync, window)
-        board.progress = comm.Iprobe  # any MPI call progresses every request of this process
-        return board
-
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
         """Post ``(value, invalid, tag)``; the answer of :meth:`ControlChannel.all_equal`
         (SAME, MIXED_TAGS or DIFFERENT), the same on every rank.
@@ -115,7 +106,7 @@ class Board:
         words[mine + 1] = value
         words[mine + 2] = 1 if invalid else 0
         words[mine + 3] = tag
-        self._sync()  # the values before the sequence number
+        self._fence()  # the values before the sequence number
         words[mine] = sequence  # a peer that sees it sees the values too
         if self.crowded:  # a peer may sleep waiting for this sequence number
             WAITING.ring()
@@ -128,7 +119,7 @@ class Board:
                             break
                 if words[line] != sequence:
                     self._wait(line, sequence, deadline)
-        self._sync()  # every peer's values after its sequence number
+        self._fence()  # every peer's values after its sequence number
         if invalid:
             return DIFFERENT
         answer = SAME
@@ -144,14 +135,14 @@ class Board:
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
             if words[line] == sequence:
                 return
-        progress, sync, flag = self.progress, self._sync, self._flag
+        progress, fence, flag = self.progress, self._fence, self._flag
 
         def arrived() -> bool:
             # MPI moves this rank's nonblocking transfers only inside MPI calls, and the peer
             # may be waiting for one of them before it can get here
             if progress is not None:
                 progress()
-            sync()
+            fence()
             if words[flag]:
                 raise peer_gave_up_error(words[flag] - 1)
             return words[line] == sequence
@@ -165,7 +156,7 @@ class Board:
             words[self._flag] = self.rank + 1
         for mine, _ in self._lines:
             words[mine] = -1
-        self._sync()  # out to the peers now
+        self._fence()  # out to the peers now
         WAITING.ring()  # a peer asleep on its doorbell sees the flag at once
 
     def gave_up(self) -> Optional[int]:
@@ -177,19 +168,16 @@ class Board:
         """Stop using the page (local: peers need not take part)."""
         self.flag.release()  # idempotent
         self._words.release()
-        window, self._window = self._window, None
-        if window is None:
-            return
-        with contextlib.suppress(Exception):  # MPI already finalized: nothing left to release
-            window.Unlock_all()
-        RETIRED.append(window)
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.close()
 
     def retire(self) -> None:
         """Stop using the page while a wait may still read the flag (a Work in flight when its
-        communicator closed): the views stay readable, and the window stays, as after close."""
-        window, self._window = self._window, None
-        if window is not None:
-            RETIRED.append(window)
+        communicator closed): the views stay readable, and the page stays mapped."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.retire()
 
 
 def page_bytes(size: int) -> int:

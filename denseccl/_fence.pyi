@@ -1,0 +1,3 @@
+"""A full memory fence compiled from _fence.c (C11 ``atomic_thread_fence(memory_order_seq_cst)``)."""
+
+def fence() -> None: ...

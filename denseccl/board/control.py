@@ -1,0 +1,182 @@
+"""The control channel of ranks that met without MPI: the agreement step on their host's board,
+and across hosts among one leader per host (:class:`SharedControl`); :func:`open_shared` builds
+it, or keeps the channel it is given where no board can be made.
+
+Why: the gloo engine's control channel (a gloo group) costs a TCP round trip per call, the store
+channel of the NCCL path four store operations per call through one server. On one host the
+board answers the agreement step with no message at all. Across hosts, each host agrees on its
+board first, then the hosts' first ranks (the leaders) agree over a channel of their own (a gloo
+group of the leaders), then each leader posts the answer back on its host's board: per call one
+leader round, never a store operation. Everything that is not the agreement step (full
+descriptors on a mismatch, splits) keeps going over the channel given (``inner``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from .. import log
+from ..backends.base import ControlChannel, Flag, GaveUpFlag
+from ..wait import WAITING
+from .board import DIFFERENT, SAME, UNPLANNED, Board
+from .hosts import Layout, describe, exchange_about, open_host_board
+
+#: ``(inner, leader, deadline) -> channel``: a channel over the leaders of the hosts (collective
+#: over ``inner``: every rank calls it, ``leader`` says whether it is one; None on the others)
+Leaders = Callable[[ControlChannel, bool, Optional[float]], Optional[ControlChannel]]
+
+
+def split_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float]) -> Optional[ControlChannel]:
+    """The leaders' channel as a split of ``inner`` (a gloo group for a gloo channel)."""
+    return inner.split(0 if leader else None, 0, deadline)
+
+
+class SharedControl(ControlChannel):
+    """The agreement step on this host's board (and among the hosts' leaders), the rest over
+    ``inner``, which this channel owns. ``board``: None on a rank alone on its host;
+    ``leaders``: the leaders' channel, on a leader of a communicator over several hosts."""
+
+    def __init__(
+        self, inner: ControlChannel, board: Optional[Board], leaders: Optional[ControlChannel], layout: Layout,
+        make_leaders: Leaders, sleepy: bool = False,
+    ) -> None:
+        self.inner = inner
+        self.rank, self.size = inner.rank, inner.size
+        self.board = board
+        self.leaders = leaders
+        self.layout = layout
+        self._make_leaders = make_leaders
+        self._sleepy = sleepy
+        #: this host's ranks share cores (passed on to splits through the layout)
+        self.crowded = layout.crowded[layout.mine]
+        if len(layout.hosts) == 1 and board is not None:
+            #: one host: the board's own step, no delegation on every call
+            self.all_equal = board.all_equal  # type: ignore[method-assign, assignment]
+
+    def __repr__(self) -> str:
+        return f"<SharedControl {self.path()}>"
+
+    def path(self) -> str:
+        """The agreement path in words (logs, the tests)."""
+        waits = ", waits sleep" if self.board is not None and self.board.crowded and not self.crowded else ""
+        if len(self.layout.hosts) > 1:
+            waits = ""  # always: a board wait across hosts lasts a leaders' round
+        if len(self.layout.hosts) == 1:
+            return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded}{waits})"
+        among = self.leaders.path() if self.leaders is not None else "this rank is no leader"
+        return f"a board per host on {describe(self.layout)}{waits}, then one round among their leaders ({among})"
+
+    def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
+        """Across hosts: the host's board, the leaders' round, the leader's answer on the board."""
+        board = self.board
+        agreed = board.all_equal(value, invalid, deadline) if board is not None else not invalid
+        if self.leaders is not None:
+            agreed = self.leaders.all_equal(value, not agreed, deadline)
+        if board is not None:  # the leader posts "invalid" for a disagreement, the others a constant
+            agreed = board.all_equal(0, self.leaders is not None and not agreed, deadline)
+        return SAME if agreed else DIFFERENT
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        return self.inner.allreduce_max(values, deadline)
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        return self.inner.allgather_bytes(data, deadline)
+
+    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
+        part = self.inner.split(color, key, deadline)
+        return None if part is None else open_shared(part, deadline, self._make_leaders, self._sleepy)
+
+    def give_up(self) -> None:
+        if self.board is not None:
+            self.board.give_up()
+        self.inner.give_up()
+
+    def peer_gave_up(self) -> Optional[int]:
+        if self.board is not None:
+            return self.board.gave_up()
+        return self.inner.peer_gave_up()
+
+    def gave_up_flag(self) -> Flag:
+        return self.board.flag if self.board is not None else GaveUpFlag(self.peer_gave_up)
+
+    def abort(self, message: str) -> Any:
+        self.inner.abort(message)
+
+    def close(self) -> None:
+        for part in (self.board, self.leaders, self.inner):
+            if part is not None:
+                part.close()
+
+    def retire(self) -> None:
+        for part in (self.board, self.leaders, self.inner):
+            if part is not None:
+                part.retire()
+
+
+def open_shared(
+    inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders, sleepy: bool = False
+) -> ControlChannel:
+    """The control channel for the ranks of ``inner`` (collective over it): a
+    :class:`SharedControl` where every rank can use a board, else ``inner`` itself. Judges
+    whether each host is crowded (recorded in ``wait.WAITING``) either way.
+
+    ``sleepy``: the transport's own threads move the data (gloo: its waits block in the
+    library), so a rank that reaches the next agreement first must leave the cores to them:
+    its board waits give the core up at once and sleep on the host's doorbells, as on a crowded
+    host. Spinning there took the cores that gloo's threads needed to finish the peer's
+    transfer: a 4 KiB call took 5 ms instead of 0.7 ms on a loaded 2-core machine
+    (docs/benchmark.md)."""
+    if inner.size == 1:
+        return inner
+    layout = exchange_about(inner, deadline)
+    if not layout.usable:
+        WAITING.note(layout.crowded[layout.mine])
+        log.info("agreement step: %s; no shared board: DENSECCL_SHARED_AGREEMENT off, no fence or no /dev/shm "
+                 "on some rank (python -m denseccl says which)", inner.path())
+        return inner
+    # across hosts a rank's board wait lasts its leader's network round: it sleeps, never spins
+    ok, board = open_host_board(inner, layout, deadline, sleepy or len(layout.hosts) > 1)
+    if not ok:
+        log.info("agreement step: %s; a host's board could not be mapped", inner.path())
+        return inner
+    leaders = None
+    if len(layout.hosts) > 1:
+        leaders = make_leaders(inner, layout.leaders[layout.mine] == inner.rank, deadline)
+    control = SharedControl(inner, board, leaders, layout, make_leaders, sleepy)
+    log.info("agreement step: %s", control.path())
+    return control
+
+
+def gloo_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float]) -> Optional[ControlChannel]:
+    """The leaders' channel of a store channel (the NCCL path): a gloo group of the leaders on
+    the store where torch has gloo, so that no call makes a store operation; else the store
+    channel's own split (and a log line saying that the leaders' round goes through the store)."""
+    part = inner.split(0 if leader else None, 0, deadline)
+    store, prefix = getattr(part, "store", None), getattr(part, "prefix", "")
+    if part is None or store is None:
+        return part
+    try:
+        from torch.distributed import Store  # noqa: PLC0415 - optional
+
+        from ..backends.gloo.transport import GlooControl, make_group  # noqa: PLC0415 - needs torch
+    except ImportError:
+        log.info("agreement step: the hosts' leaders agree through the store (torch's gloo is not available)")
+        return part
+    if not isinstance(store, Store):
+        log.info("agreement step: the hosts' leaders agree through the store (not a torch store: no gloo group)")
+        return part
+    group = make_group(store, f"{prefix}/gloo/", part.rank, part.size, None, "the leaders' group", deadline)
+    part.close()
+    return GlooControl(group, store, f"{prefix}/gloo/", None)
+
+
+def open_store_control(store: Any, rank: int, size: int, prefix: str, deadline: Optional[float]) -> ControlChannel:
+    """The control channel of ``size`` ranks meeting on the key-value ``store`` (the NCCL path
+    under a store launch; collective): boards per host and gloo among the leaders where they can
+    be made (:func:`open_shared`), else a ``StoreControl`` under ``prefix``."""
+    from ..backends.store import StoreControl  # noqa: PLC0415
+
+    return open_shared(StoreControl(store, rank, size, prefix), deadline, gloo_leaders)
+
+
+__all__ = ["Leaders", "SharedControl", "gloo_leaders", "open_shared", "open_store_control", "split_leaders"]

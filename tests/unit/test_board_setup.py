@@ -1,0 +1,290 @@
+"""The board without MPI, in one process (denseccl/board/: segment.py, fence.py, hosts.py,
+control.py): ranks as threads that meet over an in-process channel. Real ranks under torchrun
+and mp.spawn use it in tests/torch/test_torch_board.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import pytest
+
+from denseccl.backends.base import ControlChannel
+from denseccl.board import fence, hosts, segment
+from denseccl.board.board import DIFFERENT, SAME, page_bytes
+from denseccl.board.control import SharedControl, open_shared
+from denseccl.errors import CommunicatorBrokenError
+from denseccl.wait import WAITING
+
+needs_shm = pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")
+
+
+@pytest.fixture(autouse=True)
+def waiting_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads sharing a board may judge this process crowded (wait.WAITING): undone after each test."""
+    monkeypatch.setattr(WAITING, "crowded", WAITING.crowded)
+    monkeypatch.setattr(WAITING, "doorbells", WAITING.doorbells)
+
+
+def mine() -> set:
+    """This process's segments in /dev/shm now."""
+    return {name for name in os.listdir(segment.SHM) if name.startswith(f"{segment.PREFIX}{os.getpid()}-")}
+
+
+class Meeting:
+    """What the threads of one test share: an allgather by barrier."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.slots: List[Any] = [None] * size
+        self.barrier = threading.Barrier(size)
+
+
+class ThreadChannel(ControlChannel):
+    """A control channel between threads (allgather_bytes only, which is all the setup uses)."""
+
+    def __init__(self, meeting: Meeting, rank: int) -> None:
+        self.meeting, self.rank, self.size = meeting, rank, meeting.size
+        self.exchanges = 0
+
+    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
+        self.exchanges += 1
+        self.meeting.barrier.wait(30)
+        self.meeting.slots[self.rank] = bytes(data)
+        self.meeting.barrier.wait(30)
+        every = list(self.meeting.slots)
+        self.meeting.barrier.wait(30)
+        return every
+
+    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
+        rows = [json.loads(raw) for raw in self.allgather_bytes(json.dumps(list(values)).encode(), deadline)]
+        return [max(column) for column in zip(*rows)]
+
+
+def together(size: int, work: Any) -> List[Any]:
+    meeting = Meeting(size)
+    results: List[Any] = [None] * size
+    errors: List[BaseException] = []
+
+    def rank_thread(rank: int) -> None:
+        try:
+            results[rank] = work(ThreadChannel(meeting, rank))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            meeting.barrier.abort()
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,)) for rank in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+@needs_shm
+def test_a_segment_is_private_unguessable_and_refuses_links(tmp_path: Any) -> None:
+    made = segment.Segment.create(4096)
+    try:
+        path = os.path.join(segment.SHM, made.name)
+        info = os.lstat(path)
+        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+        assert segment.NAME.match(made.name) and len(made.name.rsplit("-", 1)[1]) == 32
+        assert bytes(made.map[:4096]) == bytes(4096)  # zeroed
+        other = segment.Segment.attach(made.name, 4096)
+        made.map[0] = 7
+        assert other.map[0] == 7  # one memory
+        with pytest.raises(OSError):
+            segment.Segment.attach(made.name, 8192)  # not the size a peer made
+        other.close()
+    finally:
+        segment.unlink(made.name)
+    assert made.name not in os.listdir(segment.SHM)
+    made.map[1] = 9  # the mapping outlives the name
+    assert made.map[1] == 9
+    made.close()
+    # a link planted under a segment's name is never followed
+    target = tmp_path / "elsewhere"
+    target.write_bytes(bytes(4096))
+    planted = f"{segment.PREFIX}{os.getpid()}-{'ab' * 16}"
+    os.symlink(target, os.path.join(segment.SHM, planted))
+    try:
+        with pytest.raises(OSError):
+            segment.Segment.attach(planted, 4096)
+    finally:
+        os.unlink(os.path.join(segment.SHM, planted))
+    with pytest.raises(OSError, match="not a denseccl segment"):
+        segment.Segment.attach("../etc/passwd", 4096)
+
+
+def test_the_fence_is_refused_where_it_would_be_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the compiled fence, only x86-TSO gets a board; an ARM host falls back."""
+    assert fence.page_fence() is not None  # this machine: compiled, or x86
+    import denseccl
+
+    monkeypatch.setitem(__import__("sys").modules, "denseccl._fence", None)  # as if never built
+    assert fence.page_fence("aarch64") is None
+    assert fence.page_fence("ppc64le") is None
+    assert fence.page_fence("x86_64") is not None
+    assert denseccl is not None
+
+
+def entry(host: str, where: str, cpus: Sequence[int], board: bool = True, limit: Optional[float] = None) -> Dict:
+    return {"host": host, "where": where, "cpus": list(cpus), "cgroup": "/cg" if limit else None, "limit": limit,
+            "board": board, "futex": True}
+
+
+def test_hosts_are_told_apart_by_name_boot_and_shm() -> None:
+    entries = [
+        entry("a", "boot1/5:1", [0]), entry("a", "boot1/5:1", [1]),
+        entry("a", "boot1/6:1", [0]),  # same name, another /dev/shm (a container): another host
+        entry("b", "boot2/5:1", [0, 1]), entry("a", "boot1/5:1", [2]),
+    ]
+    layout = hosts.plan(entries, 4)
+    assert layout.hosts == ((0, 1, 4), (2,), (3,))
+    assert layout.ranks == (0, 1, 4) and layout.leaders == (0, 2, 3)
+    assert layout.usable and layout.crowded == (False, False, False)
+    crowded = hosts.plan([entry("a", "x", [0]), entry("a", "x", [0])], 0)
+    assert crowded.crowded == (True,)
+    quota = hosts.plan([entry("a", "x", [0, 1], limit=1.0), entry("a", "x", [0, 1], limit=1.0)], 1)
+    assert quota.crowded == (True,)
+    assert not hosts.plan([entry("a", "x", [0]), entry("a", "x", [1], board=False)], 0).usable
+    alone = hosts.plan([entry("a", "", [0]), entry("a", "", [1])], 0)  # no /dev/shm: nothing shared
+    assert alone.hosts == ((0,), (1,))
+
+
+@needs_shm
+@pytest.mark.parametrize("size", [2, 4])
+def test_threads_meet_on_one_board_and_leave_nothing(size: int) -> None:
+    before = mine()
+
+    def work(channel: ThreadChannel) -> Any:
+        control = open_shared(channel, time.monotonic() + 30)
+        assert isinstance(control, SharedControl) and control.board is not None
+        answers = [control.all_equal(11, False, time.monotonic() + 30) for _ in range(50)]
+        answers.append(control.all_equal(11 + (channel.rank == size - 1), False, time.monotonic() + 30))
+        answers.append(control.all_equal(3, channel.rank == 0, time.monotonic() + 30))
+        left = mine() - before  # unlinked once every rank attached: nothing named is left already
+        control.close()
+        return answers, channel.exchanges, left
+
+    for answers, exchanges, left in together(size, work):
+        assert answers == [SAME] * 50 + [DIFFERENT, DIFFERENT]
+        assert exchanges == 3  # who we are, the segment's name, everyone attached
+        assert left == set()
+    assert mine() == before
+
+
+@needs_shm
+def test_no_board_anywhere_when_one_rank_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = hosts.about_me
+    asked: List[int] = []
+
+    def about() -> Dict:
+        found = real()
+        asked.append(1)
+        found["board"] = len(asked) != 2  # the second thread to ask says no
+        return found
+
+    monkeypatch.setattr(hosts, "about_me", about)
+    controls = together(3, lambda channel: open_shared(channel, time.monotonic() + 30))
+    assert all(isinstance(control, ThreadChannel) for control in controls)
+
+
+@needs_shm
+def test_a_rank_that_gives_up_breaks_its_peers_wait() -> None:
+    def work(channel: ThreadChannel) -> Any:
+        control = open_shared(channel, time.monotonic() + 30)
+        assert control.all_equal(1, False, time.monotonic() + 30) == SAME
+        channel.meeting.barrier.wait(30)  # both have read call 1
+        if channel.rank == 0:
+            control.give_up()
+            return "gave up"
+        started = time.monotonic()
+        try:
+            control.all_equal(2, False, time.monotonic() + 60)
+        except CommunicatorBrokenError as error:
+            return f"broken after {time.monotonic() - started:.1f}s: {error}"
+        return "agreed"
+
+    gave, waited = together(2, work)
+    assert gave == "gave up" and waited.startswith("broken") and "rank 0 gave up" in waited
+
+
+@needs_shm
+def test_crowded_threads_get_doorbells(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hosts, "local_placement", lambda: hosts.Placement(frozenset({0}), None, None))
+    WAITING.crowded, WAITING.doorbells = False, None
+
+    def work(channel: ThreadChannel) -> Any:
+        control = open_shared(channel, time.monotonic() + 30)
+        return control.board.crowded, [control.all_equal(4, False, time.monotonic() + 30) for _ in range(20)]
+
+    for crowded, answers in together(2, work):
+        assert crowded and answers == [SAME] * 20
+    assert WAITING.crowded and WAITING.doorbells is not None and WAITING.doorbells.size == 2
+
+
+def test_the_page_holds_the_board_then_the_doorbells() -> None:
+    assert page_bytes(2) == 5 * 64
+
+
+def test_the_environment_report_names_the_agreement_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from denseccl import envreport
+
+    paths = envreport.agreement_paths()
+    assert set(paths) == {"mpiexec, srun", "torchrun, spawn, store"}
+    if segment.available():
+        assert "no store operation per call" in paths["torchrun, spawn, store"]
+    assert "The agreement step" in envreport.report()
+    monkeypatch.setattr(fence, "page_fence", lambda machine=None: None)  # an ARM host without the fence
+    assert envreport.agreement_paths()["torchrun, spawn, store"].startswith("no board")
+    monkeypatch.setenv("DENSECCL_SHARED_AGREEMENT", "off")
+    assert all("is off" in text for text in envreport.agreement_paths().values())
+
+
+@needs_shm
+def test_across_hosts_each_host_agrees_then_its_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four threads as two hosts of two (told apart by their /dev/shm identity): a board per
+    host, then the leaders (ranks 0 and 2) over a channel of their own, then the leader's
+    answer on its board. Every rank gets the same answer: all agree; one rank differs on
+    host 0; on host 1; the hosts differ though each agrees within; one rank invalid."""
+    real = hosts.about_me
+    where = threading.local()
+
+    def about() -> Dict:
+        found = real()
+        found["where"] += f"/host{where.host}"  # as containers with a /dev/shm of their own
+        return found
+
+    monkeypatch.setattr(hosts, "about_me", about)
+    leaders_meeting = Meeting(2)
+
+    def make_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float]) -> Optional[ControlChannel]:
+        return ThreadChannel(leaders_meeting, inner.rank // 2) if leader else None
+
+    cases = [  # per rank (value, invalid) -> answer
+        ([(5, False)] * 4, SAME),
+        ([(5, False), (6, False), (5, False), (5, False)], DIFFERENT),
+        ([(5, False), (5, False), (5, False), (6, False)], DIFFERENT),
+        ([(5, False), (5, False), (7, False), (7, False)], DIFFERENT),
+        ([(5, False), (5, False), (5, True), (5, False)], DIFFERENT),
+        ([(9, False)] * 4, SAME),
+    ]
+
+    def work(channel: ThreadChannel) -> Any:
+        where.host = channel.rank // 2
+        control = open_shared(channel, time.monotonic() + 30, make_leaders)
+        assert isinstance(control, SharedControl) and len(control.layout.hosts) == 2
+        assert (control.leaders is not None) == (channel.rank % 2 == 0) and control.board is not None
+        answers = [control.all_equal(*case[channel.rank], time.monotonic() + 30) for case, _ in cases]
+        control.board.close()
+        return answers
+
+    for answers in together(4, work):
+        assert answers == [answer for _, answer in cases]
