@@ -27,7 +27,8 @@ from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..backends.base import ControlChannel
-from ..board.control import SharedControl, gloo_leaders, open_shared
+from ..backends.store import StoreControl, gloo_leaders
+from ..board.control import SharedControl, open_shared
 from ..config import launched_by_mpi
 from ..wait import WAITING
 
@@ -65,7 +66,6 @@ def contenders(rank: int, size: int) -> Tuple[Dict[str, Optional[Round]], Contro
     """Every contender this job can run (collective: every rank builds them in one order), and
     a gloo channel for the barriers and the results."""
     from ..backends.gloo.transport import GlooControl, make_group  # noqa: PLC0415
-    from ..backends.store import StoreControl  # noqa: PLC0415
 
     mpi = None
     if launched_by_mpi():

@@ -147,36 +147,4 @@ def open_shared(
     return control
 
 
-def gloo_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float]) -> Optional[ControlChannel]:
-    """The leaders' channel of a store channel (the NCCL path): a gloo group of the leaders on
-    the store where torch has gloo, so that no call makes a store operation; else the store
-    channel's own split (and a log line saying that the leaders' round goes through the store)."""
-    part = inner.split(0 if leader else None, 0, deadline)
-    store, prefix = getattr(part, "store", None), getattr(part, "prefix", "")
-    if part is None or store is None:
-        return part
-    try:
-        from torch.distributed import Store  # noqa: PLC0415 - optional
-
-        from ..backends.gloo.transport import GlooControl, make_group  # noqa: PLC0415 - needs torch
-    except ImportError:
-        log.info("agreement step: the hosts' leaders agree through the store (torch's gloo is not available)")
-        return part
-    if not isinstance(store, Store):
-        log.info("agreement step: the hosts' leaders agree through the store (not a torch store: no gloo group)")
-        return part
-    group = make_group(store, f"{prefix}/gloo/", part.rank, part.size, None, "the leaders' group", deadline)
-    part.close()
-    return GlooControl(group, store, f"{prefix}/gloo/", None)
-
-
-def open_store_control(store: Any, rank: int, size: int, prefix: str, deadline: Optional[float]) -> ControlChannel:
-    """The control channel of ``size`` ranks meeting on the key-value ``store`` (the NCCL path
-    under a store launch; collective): boards per host and gloo among the leaders where they can
-    be made (:func:`open_shared`), else a ``StoreControl`` under ``prefix``."""
-    from ..backends.store import StoreControl  # noqa: PLC0415
-
-    return open_shared(StoreControl(store, rank, size, prefix), deadline, gloo_leaders)
-
-
-__all__ = ["Leaders", "SharedControl", "gloo_leaders", "open_shared", "open_store_control", "split_leaders"]
+__all__ = ["Leaders", "SharedControl", "open_shared", "split_leaders"]

@@ -222,8 +222,7 @@ def init_nccl(
     """A Communicator over NCCL (launches and devices: docs/nccl.md); the store's unique id
     exchange and the first barrier are bounded by ``deadline``."""
     cupy, nccl = _require_nccl()
-    from ...board.control import open_store_control  # noqa: PLC0415
-    from ..store import SoloControl, wait_for_keys  # noqa: PLC0415
+    from ..store import SoloControl, open_store_control, wait_for_keys  # noqa: PLC0415
     from .transport import NCCLTransport  # noqa: PLC0415
 
     kind = launch_kind(comm=comm, store=store, size=size)
