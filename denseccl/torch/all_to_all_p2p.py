@@ -55,13 +55,15 @@ class RequestStep:
 
 
 class WorkStep:
-    """A torch Work of the gloo engine's group as a step of the progress engine."""
+    """A torch Work of the gloo engine's group as a step of the progress engine; ``keep``: the
+    tensors it reads or writes, handed to ``held`` once it completed (backends/gloo/held.py)."""
 
-    __slots__ = ("work", "keep", "what")
+    __slots__ = ("work", "keep", "held", "what")
 
-    def __init__(self, work: Any, what: str, keep: Any = None) -> None:
+    def __init__(self, work: Any, what: str, held: Any, keep: Tuple[torch.Tensor, ...]) -> None:
         self.work = work
-        self.keep = keep  # tensors the work reads or writes
+        self.keep = keep
+        self.held = held
         self.what = what
 
     def is_completed(self) -> bool:
@@ -71,7 +73,9 @@ class WorkStep:
         from ..backends.gloo.transport import wait_work  # noqa: PLC0415 - torch may lack gloo
 
         wait_work(self.work, deadline_after(timeout), self.what)
-        self.keep = None
+        keep, self.keep = self.keep, ()
+        if keep:
+            self.held.hold(keep)
 
 
 class MPIEngine:
@@ -113,22 +117,26 @@ class MPIEngine:
 
 
 class GlooEngine:
-    """All-to-all and point-to-point on the gloo engine's group (owned by its transport)."""
+    """All-to-all and point-to-point on the gloo engine's group and ``held`` (both its
+    transport's: the tensors gloo was given are let go of in Python, backends/gloo/held.py)."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, held: Any) -> None:
         self.group = group
+        self.held = held
 
     def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
-        work = self.group.alltoall_base(_flat_bytes(target), _flat_bytes(source), recv, send, c10d.AllToAllOptions())
-        return WorkStep(work, what, keep=(source, target))
+        flat_target, flat_source = _flat_bytes(target), _flat_bytes(source)
+        work = self.group.alltoall_base(flat_target, flat_source, recv, send, c10d.AllToAllOptions())
+        return WorkStep(work, what, self.held, (flat_source, flat_target))
 
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
-        return WorkStep(self.group.send([_flat_bytes(source)], dst, tag), f"send to rank {dst}", keep=source)
+        flat = _flat_bytes(source)
+        return WorkStep(self.group.send([flat], dst, tag), f"send to rank {dst}", self.held, (flat,))
 
     def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         flat = _flat_bytes(target)
         work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
-        return WorkStep(work, "recv", keep=target), (work._source_rank if src < 0 else lambda: src), lambda: None
+        return WorkStep(work, "recv", self.held, (flat,)), (work._source_rank if src < 0 else lambda: src), lambda: None
 
     def free(self) -> None:
         self.group = None

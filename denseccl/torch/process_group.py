@@ -81,7 +81,7 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                 size=self._group_size,
                 timeout=self._seconds or 0,
             )
-            self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group)  # type: ignore[attr-defined]
+            self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group, self._host.transport.held)  # type: ignore[attr-defined]
             return
         if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
             arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")

@@ -87,3 +87,11 @@ def test_torch_tooling_under_torchrun():
     """Every functional collective (out-variants and batch_p2p_ops included), device types,
     sequence numbers and profiler ranges, side by side with gloo (issue 26)."""
     expect_passed(torchrun(2, RANKS / "torch_tooling.py", timeout=240, env={"DENSECCL_TRACE_BUFFER": "64"}), 2)
+
+
+@pytest.mark.parametrize("scenario", ["collectives", "p2p"])
+def test_a_program_that_ends_without_close_exits_cleanly(scenario: str) -> None:
+    # gloo's threads released the last Python references of the call's tensors during the
+    # interpreter's finalization and aborted the process, every time (held.py)
+    for _ in range(3):
+        expect_passed(torchrun(2, RANKS / "exit_without_close.py", [scenario], timeout=120), 2)

@@ -29,6 +29,7 @@ from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
+from .held import Held
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -88,15 +89,22 @@ def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
 class GlooPending(Pending):
     """A gloo Work, plus what must run on the host once it has completed."""
 
-    __slots__ = ("work", "finish", "keep", "polled")
+    __slots__ = ("work", "finish", "keep", "held", "polled")
     blocks = True  # gloo's threads move the data; a polling waiter would take their cores
 
     def __init__(
-        self, work: Any, finish: Optional[Callable[[], None]] = None, keep: Any = None, polled: bool = True
+        self,
+        work: Any,
+        held: Held,
+        keep: Tuple[torch.Tensor, ...] = (),
+        finish: Optional[Callable[[], None]] = None,
+        polled: bool = True,
     ) -> None:
         self.work = work
         self.finish = finish
-        self.keep = keep  # temporaries and views gloo reads and writes
+        #: the temporaries and views gloo reads and writes, handed to ``held`` once complete
+        self.keep = keep
+        self.held = held
         #: False for gloo works that never report completion until waited for (reduce_scatter):
         #: test() then waits, bounded by the group's timeout
         self.polled = polled
@@ -109,7 +117,9 @@ class GlooPending(Pending):
 
     def wait(self, deadline: Optional[float]) -> None:
         wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
-        finish, self.finish, self.keep = self.finish, None, None
+        finish, self.finish, keep, self.keep = self.finish, None, self.keep, ()
+        if keep:
+            self.held.hold(keep)  # gloo's threads may not have let go of them yet (held.py)
         if finish is not None:
             finish()
 
@@ -145,6 +155,8 @@ class _GlooGroup:
         self.rank: int = group.rank()
         self.size: int = group.size()
         self._store, self._prefix, self._timeout = store, prefix, timeout
+        #: the tensors of completed calls, until gloo's threads let go of them (held.py)
+        self.held = Held()
         self._splits = 0  # how many splits this rank has made of the group (they name the sub-groups)
 
     def split(self: _Group, color: Optional[int], key: int, deadline: Optional[float] = None) -> Optional[_Group]:
@@ -157,6 +169,7 @@ class _GlooGroup:
         mine = torch.tensor([-1 if color is None else color, key], dtype=torch.int64)
         every = torch.empty(2 * self.size, dtype=torch.int64)
         wait_work(self.group._allgather_base(every, mine, c10d.AllgatherOptions()), deadline, "the gloo split")
+        self.held.hold((every, mine))
         if color is None:
             return None
         members = split_members(every.view(-1, 2).tolist(), color)
@@ -165,6 +178,7 @@ class _GlooGroup:
         return type(self)(group, self._store, prefix, self._timeout)
 
     def close(self) -> None:
+        self.held.drain()  # before the group's threads go: they must not release Python objects
         self.group = None
 
 
@@ -231,7 +245,7 @@ class GlooTransport(_GlooGroup, Transport):
         target = self._prepared(send, recv, count, dtype, op)
         options = c10d.AllreduceOptions()
         options.reduceOp = self._op(op, dtype)
-        return GlooPending(self.group.allreduce([target], options), self._finish(op, target), target)
+        return GlooPending(self.group.allreduce([target], options), self.held, (target,), self._finish(op, target))
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         if self.rank == root:
@@ -249,18 +263,19 @@ class GlooTransport(_GlooGroup, Transport):
         options = c10d.ReduceOptions()
         options.reduceOp = self._op(op, dtype)
         options.rootRank = root
-        return GlooPending(self.group.reduce([target], options), finish, target)
+        return GlooPending(self.group.reduce([target], options), self.held, (target,), finish)
 
     def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
         target = span_tensor(buffer, count, dtype)
         options = c10d.BroadcastOptions()
         options.rootRank = root
-        return GlooPending(self.group.broadcast([target], options), None, target)
+        return GlooPending(self.group.broadcast([target], options), self.held, (target,))
 
     def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
         output = span_tensor(recv, count * self.size, dtype)
         source = span_tensor(send, count, dtype)  # in place: this is output's own block
-        return GlooPending(self.group._allgather_base(output, source, c10d.AllgatherOptions()), None, (output, source))
+        work = self.group._allgather_base(output, source, c10d.AllgatherOptions())
+        return GlooPending(work, self.held, (output, source))
 
     def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
         source = span_tensor(send, count * self.size, dtype)
@@ -270,10 +285,10 @@ class GlooTransport(_GlooGroup, Transport):
         options = c10d.ReduceScatterOptions()
         options.reduceOp = self._op(op, dtype)
         work = self.group._reduce_scatter_base(target, source, options)
-        return GlooPending(work, self._finish(op, target), (source, target), polled=False)
+        return GlooPending(work, self.held, (source, target), self._finish(op, target), polled=False)
 
     def barrier(self) -> Pending:
-        return GlooPending(self.group.barrier(c10d.BarrierOptions()))
+        return GlooPending(self.group.barrier(c10d.BarrierOptions()), self.held)
 
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
@@ -299,17 +314,20 @@ class GlooControl(_GlooGroup, ControlChannel):
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = torch.tensor(list(values), dtype=torch.int64)
         wait_work(self.group.allreduce([buffer], self._max), deadline, "the agreement step")
+        self.held.hold((buffer,))
         return buffer.tolist()
 
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         lengths = torch.empty(self.size, dtype=torch.int64)
         mine = torch.tensor([len(data)], dtype=torch.int64)
         wait_work(self.group._allgather_base(lengths, mine, c10d.AllgatherOptions()), deadline, "the agreement step")
+        self.held.hold((lengths, mine))
         longest = max(int(lengths.max()), 1)
         padded = torch.zeros(longest, dtype=torch.uint8)
         padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else padded[:0]
         gathered = torch.empty(longest * self.size, dtype=torch.uint8)
         wait_work(self.group._allgather_base(gathered, padded, c10d.AllgatherOptions()), deadline, "the agreement step")
+        self.held.hold((gathered, padded))
         raw = gathered.numpy().tobytes()
         return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
 
