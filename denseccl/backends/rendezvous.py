@@ -23,17 +23,34 @@ from .base import is_timeout
 ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+#: where srun says what RANK and WORLD_SIZE say, for a task of a job step (cluster scripts export
+#: MASTER_ADDR and MASTER_PORT and launch with srun, which sets no RANK; the batch script itself
+#: has SLURM_PROCID but no SLURM_STEP_NUM_TASKS)
+SRUN_VARIABLES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_STEP_NUM_TASKS"}
+
+
+def _env_value(name: str, source: Mapping[str, str]) -> Optional[str]:
+    """``name``'s value, else srun's for it (both of srun's variables must be there)."""
+    value = source.get(name)
+    if value or name not in SRUN_VARIABLES:
+        return value
+    srun = [source.get(variable, "") for variable in SRUN_VARIABLES.values()]
+    return source[SRUN_VARIABLES[name]] if all(raw.isdigit() for raw in srun) else None
+
+
 def env_launch(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether this process has a torchrun-style environment (env://)."""
+    """Whether this process has a torchrun-style environment (env://), RANK and WORLD_SIZE
+    perhaps given by srun (:data:`SRUN_VARIABLES`)."""
     source = os.environ if environ is None else environ
-    return all(source.get(name) for name in ENV_VARIABLES)
+    return all(_env_value(name, source) for name in ENV_VARIABLES)
 
 
 def env_int(name: str, given: Optional[int]) -> int:
-    """``given``, else the integer in the environment variable ``name`` (``RANK``, ``WORLD_SIZE``)."""
+    """``given``, else the integer in the environment variable ``name`` (``RANK``, ``WORLD_SIZE``),
+    else srun's for it."""
     if given is not None:
         return int(given)
-    raw = os.environ.get(name)
+    raw = _env_value(name, os.environ)
     if raw is None:
         raise DenseCCLError(f"pass {name.lower()}= or set {name} (a torchrun-style launch sets it)")
     try:
@@ -79,4 +96,4 @@ def store_namespace(store: Any, prefix: str, backend: str, rank: int) -> str:
     return f"{prefix}/{backend}/{number}"
 
 
-__all__ = ["ENV_VARIABLES", "env_int", "env_launch", "env_store", "store_namespace"]
+__all__ = ["ENV_VARIABLES", "SRUN_VARIABLES", "env_int", "env_launch", "env_store", "store_namespace"]

@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as dist
 
 from ..backends.base import abandon
+from ..backends.rendezvous import SRUN_VARIABLES
 from ..backends.store import wait_for_keys
 from ..config import launched_by_mpi
 from ..errors import CollectiveTimeoutError, DenseCCLError
@@ -34,7 +35,7 @@ SCHEME = "denseccl"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 #: what srun sets in each task it starts: its rank, and the size of its step (the batch script
 #: itself has SLURM_PROCID and SLURM_NTASKS but is no step of many tasks: it has neither of these two)
-SLURM_RANK, SLURM_STEP_SIZE = "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"
+SLURM_RANK, SLURM_STEP_SIZE = SRUN_VARIABLES["RANK"], SRUN_VARIABLES["WORLD_SIZE"]
 #: env://'s query parameters and the variables torch reads them from otherwise
 ENV_PLACE = (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
 

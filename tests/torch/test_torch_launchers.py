@@ -67,19 +67,21 @@ def test_repeated_calls_touch_no_new_memory_under_torchrun():
 #: (no MPI: the tasks meet on the MASTER_ADDR:MASTER_PORT store); fails if any task fails
 SRUN = (
     'unset RANK WORLD_SIZE; pids=""; for r in $(seq 0 $(($1 - 1))); do '
-    'SLURM_PROCID=$r SLURM_STEP_NUM_TASKS=$1 "$2" "$3" srun & pids="$pids $!"; done; '
+    'SLURM_PROCID=$r SLURM_STEP_NUM_TASKS=$1 "$2" "$3" "$4" & pids="$pids $!"; done; '
     'status=0; for p in $pids; do wait $p || status=1; done; exit $status'
 )
 
 
-def test_init_under_srun_with_master_addr_but_no_rank():
-    """Issue 25 item 5 under srun without MPI: MASTER_ADDR/MASTER_PORT exported, no RANK or
-    WORLD_SIZE; the rank and size come from srun's task variables, gloo moves the tensors."""
+@pytest.mark.parametrize("how", ["srun", "srun-direct"])
+def test_init_under_srun_with_master_addr_but_no_rank(how: str):
+    """Under srun without MPI: MASTER_ADDR/MASTER_PORT exported, no RANK or WORLD_SIZE; the rank
+    and size come from srun's task variables, gloo moves the tensors; ``srun-direct``:
+    ``denseccl.init()`` on NumPy arrays (it chose MPI, a singleton world, before)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "SLURM_JOB_ID": "4242"}
-    command = ["bash", "-c", SRUN, "srun", "2", sys.executable, str(RANKS / "launcher_place.py")]
+    command = ["bash", "-c", SRUN, "srun", "2", sys.executable, str(RANKS / "launcher_place.py"), how]
     expect_passed(run(command, timeout=180, env=env), 2)
 
 

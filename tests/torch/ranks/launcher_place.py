@@ -4,8 +4,10 @@ under mpiexec, SLURM_PROCID / SLURM_STEP_NUM_TASKS under srun), the store is the
 MASTER_ADDR:MASTER_PORT. An all_reduce on a transposed tensor is checked against the sum of
 every rank's input.
 
+``srun-direct``: ``denseccl.init()`` without torch.distributed, on NumPy arrays (the gloo engine).
+
 usage: mpiexec -n N python launcher_place.py mpi        (the test exports MASTER_ADDR/PORT)
-       SLURM_PROCID=r SLURM_STEP_NUM_TASKS=N ... python launcher_place.py srun
+       SLURM_PROCID=r SLURM_STEP_NUM_TASKS=N ... python launcher_place.py srun|srun-direct
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-import denseccl.torch  # noqa: F401 - registers the backend
+import denseccl.torch
 from tests.support.checker import Checker
 
 launcher = sys.argv[1]
@@ -28,6 +30,20 @@ else:
     rank, size = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_STEP_NUM_TASKS"])
 check = Checker(f"launcher-place-{launcher}", rank, size)
 check.check("RANK" not in os.environ and "WORLD_SIZE" not in os.environ, "the test must not set RANK/WORLD_SIZE")
+
+if launcher == "srun-direct":
+    import numpy as np
+
+    import denseccl
+
+    comm = denseccl.init()
+    check.check((comm.backend, comm.rank, comm.size) == ("gloo", rank, size),
+                f"denseccl.init() gave {comm.backend} rank {comm.rank} of {comm.size}")
+    y = np.asfortranarray(np.arange(12.0).reshape(3, 4) * (rank + 1))
+    comm.allreduce(y)
+    check.check(np.array_equal(y, np.arange(12.0).reshape(3, 4) * (size * (size + 1) // 2)), f"allreduce gave {y}")
+    comm.close()
+    check.finish()
 
 dist.init_process_group("denseccl")
 place = (dist.get_rank(), dist.get_world_size())
