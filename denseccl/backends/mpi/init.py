@@ -14,12 +14,14 @@ match data messages.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+import os
+from typing import Any, Mapping, Optional
 
 from ... import config, log
 from ...communicator import Communicator
 from ...errors import CollectiveTimeoutError, DenseCCLError
 from ...wait import wait_until
+from ..rendezvous import SRUN_VARIABLES
 
 
 def import_mpi() -> Any:
@@ -44,6 +46,8 @@ def init_mpi(
     from .transport import MPITransport, open_control  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
+    if comm is None:
+        refuse_singleton(base.Get_size())
     _log_mpi(MPI, base)
     duplicates = []
     for _ in range(2):  # nonblocking, so that a peer that never calls init cannot hold this rank forever
@@ -57,6 +61,22 @@ def init_mpi(
     # every rank has arrived: the control channel's own collective setup completes
     transport = MPITransport(duplicates[0])
     return Communicator(transport, open_control(duplicates[1]), check=check, timeout=timeout, on_timeout=on_timeout)
+
+
+def refuse_singleton(world: int, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse an MPI world smaller than the launcher's job: srun without PMI (or a launcher
+    MPI does not know) starts every task as an MPI singleton, a world of one, where every
+    collective would return the rank's own input."""
+    source = os.environ if environ is None else environ
+    for variable in ("WORLD_SIZE", SRUN_VARIABLES["WORLD_SIZE"]):
+        raw = source.get(variable, "")
+        if raw.isdigit() and int(raw) > world:
+            raise DenseCCLError(
+                f"MPI's world has {world} rank(s) but {variable}={raw}: this process was not started by an MPI "
+                "launcher that MPI understands (srun without --mpi=pmi2/pmix starts each task as an MPI world of "
+                "its own). Launch with mpiexec or srun --mpi=pmix, or export MASTER_ADDR and MASTER_PORT for the "
+                "gloo engine (backend='gloo')"
+            )
 
 
 def _log_mpi(MPI: Any, base: Any) -> None:
