@@ -72,10 +72,12 @@ class WorkStep:
     def wait(self, timeout: Optional[float] = None) -> None:
         from ..backends.gloo.transport import wait_work  # noqa: PLC0415 - torch may lack gloo
 
-        wait_work(self.work, deadline_after(timeout), self.what)
-        keep, self.keep = self.keep, ()
-        if keep:
-            self.held.hold(keep)
+        try:
+            wait_work(self.work, deadline_after(timeout), self.what)
+        finally:  # held until gloo's threads let go of them (backends/gloo/held.py)
+            keep, self.keep = self.keep, ()
+            if keep:
+                self.held.hold(keep)
 
 
 class MPIEngine:

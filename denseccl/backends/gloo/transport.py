@@ -116,10 +116,13 @@ class GlooPending(Pending):
         return True
 
     def wait(self, deadline: Optional[float]) -> None:
-        wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
-        finish, self.finish, keep, self.keep = self.finish, None, self.keep, ()
-        if keep:
-            self.held.hold(keep)  # gloo's threads may not have let go of them yet (held.py)
+        try:
+            wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
+        finally:  # gloo's threads may not have let go of them yet, or still run (held.py)
+            keep, self.keep = self.keep, ()
+            if keep:
+                self.held.hold(keep)
+        finish, self.finish = self.finish, None
         if finish is not None:
             finish()
 
