@@ -82,3 +82,12 @@ def test_the_agreement_benchmark_runs_under_torchrun() -> None:
                 "denseccl.bench.agreement", "--rounds", "2", "--iters", "50"], timeout=240)
     rows = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")}
     assert rows == {"board", "gloo", "store"}, done.stdout
+
+
+def test_the_gloo_calls_benchmark_runs_under_torchrun() -> None:
+    """denseccl/bench/gloo_calls.py: every contender's row, its figures in range."""
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                "denseccl.bench.gloo_calls", "--blocks", "3", "--calls", "20"], timeout=240)
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line[:1].isalpha()}
+    assert set(rows) == {"check", "off", "gloo"}, done.stdout
+    assert rows["gloo"][-1] == "1.00" and all(float(row[1]) > 0 for row in rows.values()), done.stdout
