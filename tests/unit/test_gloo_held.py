@@ -33,3 +33,16 @@ def test_drain_waits_then_keeps_what_is_never_let_go_of() -> None:
     assert len(held) == 0 and len(held_module._STUCK) == before + 1
     assert held_module._STUCK[-1][0] is tensor  # kept for the process's life, never released
     del other, held_module._STUCK[-1]
+
+
+def test_what_gloo_let_go_of_behind_a_stuck_call_is_released() -> None:
+    held = Held()
+    stuck = torch.ones(1)
+    other = stuck.view(-1)  # a call gloo never completes
+    held.hold((stuck,))
+    for _ in range(held_module.SWEEP_AFTER):
+        held.hold((torch.ones(1),))
+    assert len(held) == 1  # the stuck call's tensors alone
+    del other
+    held.drain(0.01)
+    assert len(held) == 0

@@ -26,6 +26,8 @@ from typing import Any, Deque, Sequence
 #: how long :meth:`Held.drain` waits for gloo's threads by default (they let go within
 #: microseconds of completing a call; only a call still running holds on)
 DRAIN_SECONDS = 2.0
+#: entries held after which :meth:`Held.hold` looks past the oldest (one gloo never let go of)
+SWEEP_AFTER = 64
 #: what gloo still held when its group closed (a call that never completed): kept for the
 #: process's life, so that no thread of gloo's ever releases a Python object
 _STUCK: list = []
@@ -51,6 +53,8 @@ class Held:
         held.append(tensors)
         while held and _released(held[0]):
             held.popleft()
+        if len(held) > SWEEP_AFTER:  # behind a call gloo still runs (it timed out): keep only what gloo holds
+            self._held = deque(entry for entry in held if not _released(entry))
 
     def drain(self, seconds: float = DRAIN_SECONDS) -> None:
         """Wait (sleeping, the GIL released) up to ``seconds`` for gloo to let go of every
