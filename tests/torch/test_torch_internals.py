@@ -136,6 +136,9 @@ def _gloo_engine() -> None:
     missing = [name for name in parameters if not hasattr(dist.ProcessGroupGloo, name)]
     assert not missing, f"ProcessGroupGloo has no {missing}"
     assert hasattr(dist, "PrefixStore") and hasattr(dist, "TCPStore")
+    base = torch.ones(2)
+    view = base.view(-1)
+    assert (base._use_count(), view._use_count()) == (2, 1), "Tensor._use_count (gloo/held.py) counts otherwise"
 
 
 def _flatten() -> None:
