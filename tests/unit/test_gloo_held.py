@@ -46,3 +46,34 @@ def test_what_gloo_let_go_of_behind_a_stuck_call_is_released() -> None:
     del other
     held.drain(0.01)
     assert len(held) == 0
+
+
+def test_two_threads_holding_at_once_never_drop_what_gloo_still_holds() -> None:
+    import sys
+    import threading
+
+    held = Held()
+    views = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes
+
+    def calls(n: int) -> None:
+        for i in range(n):
+            tensor = torch.ones(1)
+            if i % 3 == 0:
+                views.append(tensor.view(-1))  # this call's tensor is still referenced elsewhere
+            held.hold((tensor,))
+
+    try:
+        threads = [threading.Thread(target=calls, args=(3000,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    still = sum(1 for entry in held._held if not held_module._released(entry))
+    assert still == len(views) == 2000  # none of them let go of while referenced
+    views.clear()
+    held.drain(0.01)
+    assert len(held) == 0

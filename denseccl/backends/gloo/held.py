@@ -48,27 +48,46 @@ class Held:
 
     def hold(self, tensors: Sequence[Any]) -> None:
         """Keep ``tensors`` (a completed call's) until gloo lets go of them; release the
-        oldest ones gloo has let go of."""
+        oldest ones gloo has let go of. Threads may call this at once (a caller and the torch
+        adapter's progress thread): only whole deque operations, each atomic, and an entry
+        taken out is put back unless it was released, so none is ever dropped unchecked."""
         held = self._held
         held.append(tensors)
-        while held and _released(held[0]):
-            held.popleft()
+        while True:
+            try:
+                entry = held.popleft()
+            except IndexError:
+                return
+            if not _released(entry):
+                held.appendleft(entry)
+                break
         if len(held) > SWEEP_AFTER:  # behind a call gloo still runs (it timed out): keep only what gloo holds
-            self._held = deque(entry for entry in held if not _released(entry))
+            for _ in range(len(held)):
+                try:
+                    entry = held.popleft()
+                except IndexError:
+                    return
+                if not _released(entry):
+                    held.append(entry)
 
     def drain(self, seconds: float = DRAIN_SECONDS) -> None:
         """Wait (sleeping, the GIL released) up to ``seconds`` for gloo to let go of every
         tensor held; what it still holds then is kept for the process's life."""
         held = self._held
         limit = time.monotonic() + seconds
-        while held:
-            if _released(held[0]):
-                held.popleft()
-            elif time.monotonic() < limit:
+        while True:
+            try:
+                entry = held.popleft()
+            except IndexError:
+                return
+            if _released(entry):
+                continue
+            held.appendleft(entry)
+            if time.monotonic() < limit:
                 time.sleep(0.0005)
             else:
-                _STUCK.extend(held)
-                held.clear()
+                while held:
+                    _STUCK.append(held.popleft())
 
     def __len__(self) -> int:
         return len(self._held)
