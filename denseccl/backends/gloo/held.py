@@ -37,6 +37,23 @@ def _released(tensors: Sequence[Any]) -> bool:
     return all(tensor._use_count() <= 1 for tensor in tensors)
 
 
+def _let_go(held: Deque[Sequence[Any]], every: bool) -> None:
+    """Drop the entries of ``held`` that gloo let go of: the oldest ones, up to the first it
+    still holds, or (``every``) all of them. Threads may call this at once (a caller and the
+    torch adapter's progress thread): only whole deque operations, each atomic, and an entry
+    taken out is put back unless it was released, so none is ever dropped unchecked."""
+    for _ in range(len(held)):
+        try:
+            entry = held.popleft()
+        except IndexError:
+            return
+        if not _released(entry):
+            if not every:
+                held.appendleft(entry)
+                return
+            held.append(entry)
+
+
 class Held:
     """The tensors of one gloo group's completed calls that gloo may still reference."""
 
@@ -48,27 +65,12 @@ class Held:
 
     def hold(self, tensors: Sequence[Any]) -> None:
         """Keep ``tensors`` (a completed call's) until gloo lets go of them; release the
-        oldest ones gloo has let go of. Threads may call this at once (a caller and the torch
-        adapter's progress thread): only whole deque operations, each atomic, and an entry
-        taken out is put back unless it was released, so none is ever dropped unchecked."""
+        oldest ones gloo has let go of."""
         held = self._held
         held.append(tensors)
-        while True:
-            try:
-                entry = held.popleft()
-            except IndexError:
-                return
-            if not _released(entry):
-                held.appendleft(entry)
-                break
+        _let_go(held, every=False)
         if len(held) > SWEEP_AFTER:  # behind a call gloo still runs (it timed out): keep only what gloo holds
-            for _ in range(len(held)):
-                try:
-                    entry = held.popleft()
-                except IndexError:
-                    return
-                if not _released(entry):
-                    held.append(entry)
+            _let_go(held, every=True)
 
     def drain(self, seconds: float = DRAIN_SECONDS) -> None:
         """Wait (sleeping, the GIL released) up to ``seconds`` for gloo to let go of every
@@ -76,18 +78,14 @@ class Held:
         held = self._held
         limit = time.monotonic() + seconds
         while True:
-            try:
-                entry = held.popleft()
-            except IndexError:
+            _let_go(held, every=True)
+            if not held:
                 return
-            if _released(entry):
-                continue
-            held.appendleft(entry)
-            if time.monotonic() < limit:
-                time.sleep(0.0005)
-            else:
+            if time.monotonic() >= limit:
                 while held:
                     _STUCK.append(held.popleft())
+                return
+            time.sleep(0.0005)
 
     def __len__(self) -> int:
         return len(self._held)
