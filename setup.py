@@ -1,10 +1,12 @@
-"""The compiled parts, both optional: denseccl._half_kernels, float16/bfloat16 loops for the MPI
-transport, and denseccl._fence, the memory fence of the shared-memory agreement board.
+"""The compiled parts, all optional: denseccl._half_kernels, float16/bfloat16 loops for the MPI
+transport; denseccl._fence, the memory fence of the shared-memory agreement board; and
+denseccl._ring, the flight recorder's record folded into the clock read every call makes.
 
 Without a C compiler the install still succeeds: denseccl reduces half types with torch's kernels
 (when torch is imported) or NumPy's (slower), see backends/mpi/host_kernels.py; and without the
 fence, ranks launched without MPI agree through the board only on x86 (whose store order suffices),
-see board/fence.py. Everything else is in pyproject.toml.
+see board/fence.py; and without the ring, the recorder records in Python (about 60 ns more per
+call, recorder.py). Everything else is in pyproject.toml.
 """
 
 import sys
@@ -21,5 +23,7 @@ setup(ext_modules=[
     Extension("denseccl._half_kernels", ["denseccl/_half_kernels.c"], extra_compile_args=flags,
               extra_link_args=link, optional=True),
     Extension("denseccl._fence", ["denseccl/_fence.c"], extra_compile_args=fence_flags, extra_link_args=link,
+              optional=True),
+    Extension("denseccl._ring", ["denseccl/_ring.c"], extra_compile_args=fence_flags, extra_link_args=link,
               optional=True),
 ])

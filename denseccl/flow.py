@@ -169,13 +169,11 @@ class Flow:
             self.usable()
         checked = self.check and self.size > 1
         recorder = self.recorder
-        now = _monotonic() if checked or recorder is not None else 0.0  # once: the record's and the deadline's
-        if recorder is not None:  # Recorder.record, inlined: a method call would cost as much again
-            n = recorder.count
-            slot = n % recorder.length
-            recorder.calls[slot] = call.descriptor
-            recorder.times[slot] = now
-            recorder.count = n + 1
+        if recorder is not None:  # the record's clock read is the deadline's too
+            record = recorder.record
+            now = record(call.descriptor)
+        else:
+            now = _monotonic() if checked else 0.0
         began = time.perf_counter() if call.tracing else 0.0
         try:
             if checked:

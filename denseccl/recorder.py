@@ -10,20 +10,23 @@ call or asked for a dump, an ``async_op`` call once its Work completed.
 The cost per call is what makes it fit to stay on: two stores into lists made once (the
 descriptor, by reference, and the time the engine reads anyway for the agreement's deadline)
 at an index computed from the count, and the count's increment. Nothing is allocated, copied
-or formatted until a dump; :meth:`Flow.run` inlines :meth:`Recorder.record` (a method call
-would cost as much again; docs/debugging.md has the figures). Dumps go into a folder per job
-(trace_files.py); ``python -m denseccl.trace_summary DIR`` reads every rank's dumps.
+or formatted until a dump. The record and that clock read are one call into the compiled
+``denseccl._ring`` (setup.py), about as costly as the clock read alone; where it was not built,
+:class:`PythonRing` does the same in Python, about 60 ns more (docs/debugging.md has the
+figures). Dumps go into a folder per job (trace_files.py); ``python -m denseccl.trace_summary
+DIR`` reads every rank's dumps.
 """
 
 from __future__ import annotations
 
 import itertools
+from array import array
 import json
 import os
 import socket
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import config, log, trace_files
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError
@@ -36,6 +39,39 @@ _numbers = itertools.count()
 _live: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
 
 
+class PythonRing:
+    """The record of ``denseccl._ring.Ring`` in Python, where that was not built: ``record(d)``
+    stores ``d`` and ``time.monotonic()`` as the next call into ``calls`` (a list) and
+    ``times`` (an ``array('d')`` of the same length) and returns that time; ``count`` calls
+    have been recorded."""
+
+    __slots__ = ("calls", "times", "length", "count")
+
+    def __init__(self, calls: List[Any], times: "array[float]") -> None:
+        if not calls or len(calls) != len(times):
+            raise ValueError("a ring needs a list and an array of the same length, at least 1")
+        self.calls, self.times, self.length, self.count = calls, times, len(calls), 0
+
+    def record(self, descriptor: Any) -> float:
+        n = self.count
+        slot = n % self.length
+        now = time.monotonic()
+        self.calls[slot] = descriptor
+        self.times[slot] = now
+        self.count = n + 1
+        return now
+
+
+def ring_type() -> Any:
+    """The ring the recorders of this process use: the compiled one when built."""
+    try:
+        from ._ring import Ring  # noqa: PLC0415 - optional compiled module
+
+        return Ring
+    except ImportError:
+        return PythonRing
+
+
 class Recorder:
     """The last ``capacity`` calls of one communicator (rank ``rank`` of ``size``). ``number``
     tells this process's communicators apart: the n-th one created (the same on every rank that
@@ -44,14 +80,17 @@ class Recorder:
 
     The ring: call ``seq`` is at index ``seq % length`` of :attr:`calls` (its descriptor) and
     :attr:`times` (``time.monotonic()`` when its agreement step began); :attr:`count` calls have
-    been recorded. A recording thread writes both slots before it counts the call, so a dump
+    been recorded. ``record(descriptor)`` records the next call and returns the time it read (the
+    caller's "now"). A recording thread writes both slots before it counts the call, so a dump
     taken meanwhile (:meth:`entries`) can tell which slots hold which call; the one slot more
     than ``capacity`` is the one such a call may be writing."""
 
     __slots__ = (
-        "rank", "size", "backend", "number", "job", "capacity", "length", "calls", "times", "count", "failures",
-        "unfinished", "dumped", "__weakref__",
+        "rank", "size", "backend", "number", "job", "capacity", "length", "calls", "times", "ring", "record",
+        "failures", "unfinished", "dumped", "__weakref__",
     )
+    #: record the next call: ``record(descriptor) -> time.monotonic()`` (the ring's own method)
+    record: Callable[[Any], float]
 
     def __init__(self, rank: int, size: int, backend: str, capacity: int, job: Optional[str] = None) -> None:
         if capacity < 1:
@@ -63,10 +102,12 @@ class Recorder:
         self.length = capacity + 1
         #: the descriptors of the last calls, by ``seq % length`` (made once, never resized)
         self.calls: List[Any] = [None] * self.length
-        #: when each of them began its agreement step (``time.monotonic()``), alike
-        self.times: List[float] = [0.0] * self.length
-        #: the calls recorded so far: the next call's sequence (public: the communicator's call number)
-        self.count = 0
+        #: when each of them began its agreement step (``time.monotonic()``), alike: doubles,
+        #: not float objects (a ring of float objects kept alive costs each call a cold one)
+        self.times = array("d", bytes(8 * self.length))
+        #: what records into them (compiled, or :class:`PythonRing`)
+        self.ring = ring_type()(self.calls, self.times)
+        self.record = self.ring.record
         #: sequence -> (error text, time.monotonic) of the calls that failed (only those in the ring)
         self.failures: Dict[int, Tuple[str, float]] = {}
         #: the sequences of calls started with async_op=True whose Work has not completed
@@ -75,14 +116,11 @@ class Recorder:
         self.dumped: Optional[str] = None
         _live.add(self)
 
-    def record(self, descriptor: Any, now: Optional[float] = None) -> None:
-        """The next call begins its agreement step with ``descriptor`` at ``now`` (default: the
-        time now). :meth:`Flow.run` inlines this body; keep the two alike."""
-        n = self.count
-        slot = n % self.length
-        self.calls[slot] = descriptor
-        self.times[slot] = time.monotonic() if now is None else now
-        self.count = n + 1
+    @property
+    def count(self) -> int:
+        """The calls recorded so far: the next call's sequence (public: the communicator's call
+        number)."""
+        return int(self.ring.count)
 
     def refused(self, descriptor: Any, error: BaseException) -> None:
         """A call whose input failed validation on this rank (it still joins the agreement)."""
@@ -204,4 +242,4 @@ def dump_all(directory: Optional[str] = None) -> List[str]:
     return written
 
 
-__all__ = ["FORMAT", "Recorder", "dump_all", "recorder_for"]
+__all__ = ["FORMAT", "PythonRing", "Recorder", "dump_all", "recorder_for", "ring_type"]

@@ -8,14 +8,17 @@ import json
 import logging
 import os
 import stat
+from array import array
+import sys
 import tempfile
+import time
 
 import pytest
 
 from denseccl import config
 from denseccl.agreement import Descriptor
 from denseccl.errors import CollectiveTimeoutError, DenseCCLError, MismatchError
-from denseccl.recorder import FORMAT, Recorder
+from denseccl.recorder import FORMAT, PythonRing, Recorder, ring_type
 from denseccl.trace_summary import summarize
 
 #: a uid that is not this process's: the owner of folders "another user" made first
@@ -91,13 +94,57 @@ def test_the_ring_is_made_once_and_holds_what_it_recorded():
     ring = Recorder(0, 2, "mpi", 3)
     calls, times = ring.calls, ring.times
     descriptors = [call(n) for n in range(7)]
-    for n, descriptor in enumerate(descriptors):
-        ring.record(descriptor, now=100.0 + n)
+    read = []
+    for descriptor in descriptors:
+        before = time.monotonic()
+        read.append(ring.record(descriptor))
+        assert before <= read[-1] <= time.monotonic()  # time.monotonic()'s clock, read in the record
     assert ring.calls is calls and ring.times is times and len(calls) == len(times) == 4  # never regrown
     assert ring.count == 7 and [e["seq"] for e in ring.entries()] == [4, 5, 6]
     assert [calls[seq % 4] for seq in (4, 5, 6)] == descriptors[4:]  # by reference, not copied
-    offset = ring.entries()[0]["started"] - 104.0
-    assert [round(e["started"] - offset, 6) for e in ring.entries()] == [104.0, 105.0, 106.0]
+    assert all(calls[seq % 4] is descriptors[seq] for seq in (4, 5, 6))
+    assert [times[seq % 4] for seq in (4, 5, 6)] == read[4:]
+    offset = time.time() - time.monotonic()
+    assert [e["started"] for e in ring.entries()] == pytest.approx([t + offset for t in read[4:]], abs=0.01)
+
+
+def test_the_compiled_ring_is_built_here():
+    """setup.py builds denseccl._ring wherever a C compiler is (this machine and CI): the record
+    then costs about what the clock read alone does."""
+    assert ring_type() is not PythonRing
+    assert isinstance(Recorder(0, 2, "mpi", 3).ring, ring_type())
+
+
+@pytest.mark.parametrize("kind", ["compiled", "python"])
+def test_both_rings_record_alike(kind):
+    make = ring_type() if kind == "compiled" else PythonRing
+    calls, times = [None] * 3, array("d", [0.0] * 3)
+    ring = make(calls, times)
+    marks = [object() for _ in range(5)]
+    alive = sys.getrefcount(marks[0])
+    now = [ring.record(mark) for mark in marks]
+    held = sys.getrefcount(marks[0])
+    assert held == alive  # the overwritten entry was let go of
+    assert ring.count == 5 and ring.length == 3 and now == sorted(now)
+    assert calls == [marks[3], marks[4], marks[2]] and times.tolist() == [now[3], now[4], now[2]]
+    with pytest.raises(ValueError, match="same length"):
+        make([None] * 2, array("d", [0.0] * 3))
+    with pytest.raises(ValueError, match="at least 1"):
+        make([], array("d"))
+
+
+def test_the_compiled_ring_refuses_storage_resized_under_it():
+    calls, times = [None] * 2, array("d", [0.0] * 2)
+    ring = ring_type()(calls, times)
+    ring.record("a")
+    with pytest.raises(BufferError):
+        times.append(1.0)  # the ring holds the array's buffer: it cannot move
+    del calls[:]
+    with pytest.raises(RuntimeError, match="resized"):
+        ring.record("b")
+    assert ring.count == 1 and times[0] > 0 and calls == []
+    with pytest.raises(TypeError, match="doubles"):
+        ring_type()([None] * 2, array("f", [0.0] * 2))
 
 
 @pytest.fixture
