@@ -136,5 +136,6 @@ def test_recorder_hook_times_on_off_and_off_again_on_two_ranks():
     lines = done.stdout.splitlines()
     assert lines[0] == "# 4096 B float32 allreduce, 2 rank(s), 6 blocks x 20 calls, alternating", done.stdout
     rows = {line.split()[0]: line for line in lines[2:]}
-    assert sorted(rows) == ["clock", "off", "off2", "on"], done.stdout
+    assert sorted(rows) == ["clock", "off", "off2", "on", "on2", "pooled"], done.stdout
     assert "min: 1.0000 (+0 ns)" in rows["off"], done.stdout  # off is the reference of the ratios
+    assert "(on+on2 against off+off2)" in rows["pooled"], done.stdout
