@@ -291,6 +291,11 @@ def report() -> str:
     lines.append("Compiled half kernels (float16/bfloat16 on MPI)")
     lines.append(_fill(f"{'yes' if built else 'NO'}: {text}", "  ", "    "))
     lines.append("")
+    from . import recorder  # noqa: PLC0415
+
+    lines.append("Flight recorder")
+    lines.append(_fill(recorder.describe(), "  ", "    "))
+    lines.append("")
     lines.append("The agreement step (per launch)")
     for name, text in agreement_paths().items():
         lines.append(_fill(text, f"  {name:<23} ", " " * 26))

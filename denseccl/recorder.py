@@ -72,6 +72,17 @@ def ring_type() -> Any:
         return PythonRing
 
 
+def describe() -> str:
+    """One line for the environment report: whether the recorder is on, its size, its ring."""
+    capacity = config.settings().trace_buffer
+    if not capacity:
+        return "off (DENSECCL_TRACE_BUFFER=0)"
+    ring = "compiled (denseccl._ring)" if ring_type() is not PythonRing else (
+        "in Python (denseccl._ring not built: about 60 ns more per call)"
+    )
+    return f"on: the last {capacity} calls of each communicator (DENSECCL_TRACE_BUFFER); record {ring}"
+
+
 class Recorder:
     """The last ``capacity`` calls of one communicator (rank ``rank`` of ``size``). ``number``
     tells this process's communicators apart: the n-th one created (the same on every rank that
@@ -242,4 +253,4 @@ def dump_all(directory: Optional[str] = None) -> List[str]:
     return written
 
 
-__all__ = ["FORMAT", "PythonRing", "Recorder", "dump_all", "recorder_for", "ring_type"]
+__all__ = ["FORMAT", "PythonRing", "Recorder", "describe", "dump_all", "recorder_for", "ring_type"]

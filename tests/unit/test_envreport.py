@@ -59,6 +59,14 @@ def test_report_names_versions_kernels_backends_and_variables() -> None:
     from denseccl.backends.mpi import host_kernels
 
     assert ("  yes: built" in out) == host_kernels.native_available()
+    recorder = "Flight recorder\n  on: the last 1024 calls of each communicator (DENSECCL_TRACE_BUFFER)"
+    assert f"{recorder}; record compiled (denseccl._ring)" in out
+
+
+def test_report_says_when_the_recorder_is_off() -> None:
+    done = _run(["-m", "denseccl"], env={"DENSECCL_TRACE_BUFFER": "0"})
+    assert done.returncode == 0, done.stderr
+    assert "Flight recorder\n  off (DENSECCL_TRACE_BUFFER=0)\n" in done.stdout
 
 
 def test_report_as_json_does_not_start_mpi() -> None:
