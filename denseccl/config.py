@@ -23,6 +23,10 @@ DEFAULT_TIMEOUT = 300.0
 #: calls each communicator's flight recorder keeps unless told otherwise (recorder.py); its cost
 #: per call is measured in docs/debugging.md
 DEFAULT_TRACE_BUFFER = 1024
+#: bytes up to which a repeated allreduce of the gloo engine's ranks on one host moves through
+#: the host's shared memory instead of gloo (backends/gloo/host.py); each rank's slot holds this
+#: much twice over, in one segment per communicator
+DEFAULT_HOST_PATH = 65536
 
 # -- tuning: every constant that trades latency, memory or politeness, in one place ----------
 
@@ -112,6 +116,7 @@ class Settings:
     wait: str
     trace_buffer: int
     trace_dir: Optional[str]
+    host_path: int
 
 
 #: the variables, in the order of the fields of :class:`Settings` they set
@@ -182,6 +187,7 @@ def _parse(raw: Tuple[Optional[str], ...]) -> Settings:
         wait=_word(values["DENSECCL_WAIT"] or "auto", _WAITS, "DENSECCL_WAIT"),
         trace_buffer=_count(values["DENSECCL_TRACE_BUFFER"], DEFAULT_TRACE_BUFFER, "DENSECCL_TRACE_BUFFER"),
         trace_dir=(values["DENSECCL_TRACE_DIR"] or "").strip() or None,
+        host_path=_count(values["DENSECCL_HOST_PATH"], DEFAULT_HOST_PATH, "DENSECCL_HOST_PATH"),
     )
 
 

@@ -64,7 +64,8 @@ class Board:
     ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed;
     ``fence``: the full memory barrier that orders its stores and loads across ranks (the
     provider's: ``Win.Sync``, or fence.py's); ``owner``: what provides ``memory``, told when
-    the board closes or retires."""
+    the board closes or retires. ``data``: shared memory beside the page that a transport moves
+    small calls through, ordered by the board's steps (backends/gloo/host.py), or None."""
 
     def __init__(
         self,
@@ -74,9 +75,12 @@ class Board:
         crowded: bool = False,
         fence: Optional[Callable[[], Any]] = None,
         owner: Optional[Owner] = None,
+        data: Optional[memoryview] = None,
     ) -> None:
         self.rank = rank
         self.size = size
+        #: the shared data area ordered by this board's steps, or None
+        self.data = data
         #: the host's ranks cannot each have a core of their own (cores.py): waits yield at once
         self.crowded = crowded
         self._spins = 0 if crowded else config.BOARD_SPINS
@@ -130,6 +134,13 @@ class Board:
                 answer = MIXED_TAGS
         return answer
 
+    def parity(self) -> int:
+        """The parity (0 or 1) of the next step's sequence number. Data written into half
+        ``parity()`` of a double-buffered area before the next step is seen by every peer once
+        that step returns, and stays until this rank's step after the one that follows it (as
+        the lines: a peer that arrived at the step after has read everything of this one)."""
+        return (self._sequence + 1) & 1
+
     def _wait(self, line: int, sequence: int, deadline: Optional[float]) -> None:
         words = self._words
         for _ in range(self._spins):  # inline: a peer that is already there costs no call
@@ -168,6 +179,7 @@ class Board:
         """Stop using the page (local: peers need not take part)."""
         self.flag.release()  # idempotent
         self._words.release()
+        self.data = None
         owner, self._owner = self._owner, None
         if owner is not None:
             owner.close()

@@ -76,6 +76,15 @@ class SharedControl(ControlChannel):
             agreed = board.all_equal(0, self.leaders is not None and not agreed, deadline)
         return SAME if agreed else DIFFERENT
 
+    def host_data(self) -> Optional[Board]:
+        """The board, where every rank of the channel shares this host and the board has a data
+        area (``open_shared``'s ``data_bytes``): a transport may move small calls through it,
+        each ordered by the step of its call (``Board.parity``). Else None."""
+        board = self.board
+        if len(self.layout.hosts) == 1 and board is not None and board.data is not None:
+            return board
+        return None
+
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         return self.inner.allreduce_max(values, deadline)
 
@@ -114,7 +123,8 @@ class SharedControl(ControlChannel):
 
 
 def open_shared(
-    inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders, sleepy: bool = False
+    inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders, sleepy: bool = False,
+    data_bytes: int = 0,
 ) -> ControlChannel:
     """The control channel for the ranks of ``inner`` (collective over it): a
     :class:`SharedControl` where every rank can use a board, else ``inner`` itself. Judges
@@ -125,7 +135,10 @@ def open_shared(
     its board waits give the core up at once and sleep on the host's doorbells, as on a crowded
     host. Spinning there took the cores that gloo's threads needed to finish the peer's
     transfer: a 4 KiB call took 5 ms instead of 0.7 ms on a loaded 2-core machine
-    (docs/benchmark.md)."""
+    (docs/benchmark.md).
+
+    ``data_bytes``: where the ranks all share one host, the board's data area of that size for
+    the transport's small calls (``Board.data``; :meth:`SharedControl.host_data`)."""
     if inner.size == 1:
         return inner
     layout = exchange_about(inner, deadline)
@@ -135,7 +148,8 @@ def open_shared(
                  "on some rank (python -m denseccl says which)", inner.path())
         return inner
     # across hosts a rank's board wait lasts its leader's network round: it sleeps, never spins
-    ok, board = open_host_board(inner, layout, deadline, sleepy or len(layout.hosts) > 1)
+    one_host = len(layout.hosts) == 1
+    ok, board = open_host_board(inner, layout, deadline, sleepy or not one_host, data_bytes if one_host else 0)
     if not ok:
         log.info("agreement step: %s; a host's board could not be mapped", inner.path())
         return inner

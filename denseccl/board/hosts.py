@@ -20,6 +20,7 @@ what every rank sent, so every rank takes the same path: boards on every host, o
 from __future__ import annotations
 
 import json
+import mmap
 import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -31,6 +32,9 @@ from .board import Board, page_bytes, usable_here
 from .cores import Placement, judge, local_placement
 from .doorbell import WORDS, Doorbells, futex_call
 from .fence import page_fence
+
+#: the data area starts on a page of its own
+PAGE = mmap.PAGESIZE
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -102,17 +106,20 @@ def plan(entries: Sequence[Dict[str, Any]], rank: int) -> Layout:
 
 
 def open_host_board(
-    channel: ControlChannel, layout: Layout, deadline: Optional[float], sleepy: bool = False
+    channel: ControlChannel, layout: Layout, deadline: Optional[float], sleepy: bool = False, data_bytes: int = 0
 ) -> Tuple[bool, Optional[Board]]:
     """Over ``channel`` (collective): every host's segment, created by its first rank, mapped by
     the others, unlinked once all have. ``(ok, board)``: ok on every rank or on none; the board
     is None on a rank alone on its host. Records the host's crowding (and its doorbells) in
     ``wait.WAITING``; ``sleepy``: wait as on a crowded host whatever the judgement (see
-    control.open_shared)."""
+    control.open_shared). ``data_bytes``: the size of the board's data area (``Board.data``,
+    page-aligned, after the page and the doorbells; none when 0)."""
     ranks = layout.ranks
     local, size = ranks.index(channel.rank), len(ranks)
     crowded = layout.crowded[layout.mine] or sleepy
-    nbytes = page_bytes(size) + size * WORDS * 4
+    bells = page_bytes(size) + size * WORDS * 4
+    data_start = -(-bells // PAGE) * PAGE
+    nbytes = data_start + data_bytes if data_bytes else bells
     fence = page_fence()
     made: Optional[segment.Segment] = None
     name: Optional[str] = None
@@ -139,12 +146,13 @@ def open_host_board(
         WAITING.note(crowded)
         return True, None
     assert fence is not None  # layout.usable: every rank has one
-    board = Board(made.view(0, page_bytes(size)), local, size, crowded, fence, owner=made)
+    data = made.view(data_start, nbytes) if data_bytes else None
+    board = Board(made.view(0, page_bytes(size)), local, size, crowded, fence, owner=made, data=data)
     doorbells = None
     futex = futex_call()
     if crowded and layout.futex[layout.mine] and futex is not None:
         start = page_bytes(size)
-        doorbells = Doorbells(made.view(start, nbytes), made.address + start, local, size, futex, fence, made)
+        doorbells = Doorbells(made.view(start, bells), made.address + start, local, size, futex, fence, made)
     WAITING.note(crowded, doorbells)
     return True, board
 

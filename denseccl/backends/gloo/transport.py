@@ -24,12 +24,14 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
-from ...board.control import open_shared
+from ... import config
+from ...board.control import SharedControl, open_shared
 from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
 from .held import Held
+from .host import HostPath, area_bytes
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -200,6 +202,8 @@ class GlooTransport(_GlooGroup, Transport):
     def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
         super().__init__(group, store, prefix, timeout)
         self._spares = []
+        #: the host path of small repeated allreduces (host.py), where the ranks share one host
+        self.host: Optional[HostPath] = None
 
     def _take_spare(self, nbytes: int) -> torch.Tensor:
         try:
@@ -296,10 +300,21 @@ class GlooTransport(_GlooGroup, Transport):
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Start]:
-        return None  # gloo's wait blocks in the library (GlooPending.blocks): the general path each time
+        """A small allreduce of ranks on one host: the host path (host.py). Anything else runs
+        the general path each time (gloo's wait blocks in the library: GlooPending.blocks)."""
+        host = self.host
+        if host is None or op is None or isinstance(op, PreMulSum) or dtype.name not in _GLOO_TYPES:
+            return None
+        if not host.fits(collective, count * dtype.itemsize):
+            return None
+        return host.prepare(
+            count, dtype, _TORCH[dtype.name], op, lambda address: span_tensor(address, count, dtype),
+            lambda address: self.allreduce(address, address, count, dtype, op),  # type: ignore[arg-type]
+        )
 
     def close(self) -> None:
         self._spares.clear()
+        self.host = None
         super().close()
 
 
@@ -348,8 +363,16 @@ def open_gloo(
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     transport = GlooTransport(data, store, f"{prefix}data/", timeout)
+    limit = config.settings().host_path
     # gloo's threads move the data: agreement waits leave them the cores (open_shared's sleepy)
-    return transport, open_shared(GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True)
+    channel = open_shared(
+        GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True,
+        data_bytes=area_bytes(limit, size) if limit else 0,
+    )
+    board = channel.host_data() if isinstance(channel, SharedControl) else None
+    if board is not None:
+        transport.host = HostPath(board, limit)
+    return transport, channel
 
 
 __all__ = ["GlooControl", "GlooPending", "GlooTransport", "make_group", "open_gloo", "span_tensor", "wait_work"]

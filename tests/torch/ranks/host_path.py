@@ -1,0 +1,246 @@
+"""Rank program: the gloo engine's host path (denseccl/backends/gloo/host.py) under torchrun or
+mp.spawn.
+
+usage: host_path.py [spawn N]   (torchrun sets the ranks; "spawn N" starts N itself)
+
+Every result against a reference built from every rank's inputs, reduced in rank order in the
+dtype (the order the host path promises), and compared across ranks bit for bit:
+- repeated in-place allreduces (the prepared call) of every dtype the gloo engine reduces with
+  every op it defines, on channels-last, permuted and negatively strided inputs (torch and
+  NumPy), fresh inputs on every call, with random pauses of a few hundred microseconds on some
+  ranks so that ranks run ahead of each other; none of them is a gloo call (but a PreMulSum's,
+  which the communicator validates on every call);
+- a rank on the general path (a tensor subclass) while the others replay: every rank falls back
+  to gloo for that call, results right;
+- a layout mismatch on a replayed geometry: MismatchError on every rank, buffers untouched,
+  the communicator usable;
+- a call above DENSECCL_HOST_PATH bytes, and the agreement step off: gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+import torch
+
+import denseccl
+from denseccl.ops import PreMulSum
+from tests.support.checker import Checker
+
+OPS: Dict[str, List[Any]] = {
+    "float32": ["sum", "prod", "min", "max", "avg", PreMulSum(0.5)],
+    "float64": ["sum", "avg"],
+    "float16": ["sum", "max", PreMulSum(0.25)],
+    "bfloat16": ["sum", "min", "avg"],
+    "int64": ["sum", "prod", "min", "max", "avg", PreMulSum(3)],
+    "int32": ["sum", "max"],
+    "int8": ["sum", "min"],
+    "uint8": ["sum", "max"],
+    "bool": ["sum", "prod", "min", "max"],
+    "complex64": ["sum", "avg", PreMulSum(2.0)],
+}
+#: the layouts: how a (2, 3, 4, 5) tensor is laid out in memory
+LAYOUTS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "contiguous": lambda t: t,
+    "channels-last": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "permuted": lambda t: t.permute(2, 0, 3, 1).contiguous().permute(1, 3, 0, 2),
+}
+
+
+def inputs(seed: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank ``rank``'s input of call ``seed``: small values, so that products stay exact enough."""
+    generator = torch.Generator().manual_seed(seed * 1009 + rank)
+    if dtype is torch.bool:
+        return torch.rand((2, 3, 4, 5), generator=generator) < 0.5
+    if dtype.is_complex:
+        real, imaginary = (torch.rand((2, 3, 4, 5), generator=generator) for _ in range(2))
+        return torch.complex(real, imaginary).to(dtype)
+    if dtype.is_floating_point:
+        return (torch.rand((2, 3, 4, 5), generator=generator, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    return torch.randint(1, 4, (2, 3, 4, 5), generator=generator).to(dtype)
+
+
+def reference(seed: int, size: int, dtype: torch.dtype, op: Any) -> torch.Tensor:
+    """Every rank's input reduced in rank order, in the dtype."""
+    parts = [inputs(seed, r, dtype) for r in range(size)]
+    if isinstance(op, PreMulSum):
+        factor = op.factor if dtype.is_floating_point or dtype.is_complex else int(op.factor)
+        parts = [torch.mul(p, factor).to(dtype) for p in parts]
+    kind = "sum" if isinstance(op, PreMulSum) else op
+    if dtype is torch.bool:
+        kind = {"sum": "max", "prod": "min"}.get(kind, kind)
+    combine = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}[kind]
+    out = combine(parts[0], parts[1])
+    for part in parts[2:]:
+        out = combine(out, part)
+    if kind == "avg":
+        out = out / size if dtype.is_floating_point or dtype.is_complex else torch.div(out, size, rounding_mode="trunc")
+    return out.to(dtype)
+
+
+class Counted:
+    """Counts the gloo allreduces of a communicator's transport (the host path makes none)."""
+
+    def __init__(self, transport: Any) -> None:
+        self.calls = 0
+        original = transport.allreduce
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        transport.allreduce = counted
+
+
+def same_everywhere(comm: denseccl.Communicator, x: torch.Tensor) -> bool:
+    """Whether every rank holds the same bits in ``x``."""
+    mine = x.contiguous().reshape(-1).view(torch.uint8).numpy().copy()
+    every = comm.allgather(mine)
+    return all(np.array_equal(block, every[0]) for block in every)
+
+
+def replays(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
+    shaker = random.Random(rank)
+    seed = 0
+    for name, ops in OPS.items():
+        dtype = getattr(torch, name)
+        for op in ops:
+            for layout, lay in LAYOUTS.items():
+                x = lay(inputs(0, rank, dtype))
+                comm.allreduce(x, op=op)  # the first call: the general path, then prepared
+                before = counted.calls
+                for call in range(4):
+                    seed += 1
+                    x.copy_(inputs(seed, rank, dtype))  # in place: the same span, the prepared call
+                    if shaker.random() < 0.3:  # this rank runs behind its peers for a while
+                        time.sleep(shaker.uniform(0.0001, 0.0008))
+                    comm.allreduce(x, op=op)
+                    want = reference(seed, size, dtype, op)
+                    exact = torch.equal(x, want)
+                    close = exact or (dtype.is_floating_point or dtype.is_complex) and torch.allclose(
+                        x.to(torch.complex128 if dtype.is_complex else torch.float64),
+                        want.to(torch.complex128 if dtype.is_complex else torch.float64), rtol=1e-2,
+                    )
+                    check.check(close, f"{name} {op} {layout} call {call}: differs from the reference")
+                    check.check(same_everywhere(comm, x), f"{name} {op} {layout} call {call}: ranks differ")
+                gloo, expected = counted.calls - before, 4 if isinstance(op, PreMulSum) else 0  # never cached
+                check.check(gloo == expected, f"{name} {op} {layout}: {gloo} gloo calls in replays, not {expected}")
+
+
+def back_to_back(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
+    """Calls with nothing between them: a rank that finished a call copies its next input while
+    a slower peer may still be reducing the last (the slots' two halves keep them apart)."""
+    x = torch.zeros(4096)
+    comm.allreduce(x)
+    before, wrong = counted.calls, []
+    total = sum(range(1, size + 1))
+    for call in range(3000):
+        x.fill_(float(call * (rank + 1)))
+        comm.allreduce(x)
+        if not torch.all(x == float(call * total)):
+            wrong.append(call)
+    check.check(not wrong, f"back to back: {len(wrong)} of 3000 calls wrong, the first {wrong[:5]}")
+    check.check(counted.calls == before, f"back to back: {counted.calls - before} gloo calls")
+
+
+def numpy_layouts(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
+    x = np.zeros((4, 6), np.float64)[::-1].T  # negative strides, transposed: dense
+    before = None
+    for call in range(20):
+        x[...] = np.arange(24, dtype=np.float64).reshape(6, 4) * (rank + 1) + call
+        comm.allreduce(x)
+        if call == 1:
+            before = counted.calls
+        want = np.arange(24, dtype=np.float64).reshape(6, 4) * sum(range(1, size + 1)) + call * size
+        check.check(np.array_equal(x, want), f"numpy negative strides call {call}: differs")
+    check.check(counted.calls == before, "numpy negative strides: gloo calls in replays")
+
+
+def mixed(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
+    x = torch.ones(64)
+    comm.allreduce(x)
+    comm.allreduce(x)  # prepared on every rank
+    before = counted.calls
+    y = torch.nn.Parameter(torch.ones(64), requires_grad=False) if rank == 0 else x
+    with torch.no_grad():
+        y.fill_(float(rank + 1))
+        comm.allreduce(y)
+    check.check(torch.equal(y.detach(), torch.full((64,), float(sum(range(1, size + 1))))), f"mixed: {y[:4]}")
+    check.check(counted.calls == before + 1, f"mixed: {counted.calls - before} gloo calls, expected the fallback's 1")
+
+
+def mismatch(check: Checker, comm: denseccl.Communicator, rank: int, size: int) -> None:
+    x = torch.full((4, 3), 2.0).t()
+    comm.allreduce(x)
+    comm.allreduce(x)  # prepared
+    z = torch.full((3, 4), 5.0) if rank == size - 1 else x.fill_(5.0)  # another layout on the last rank
+    check.raises("mismatch", denseccl.MismatchError, lambda: comm.allreduce(z), "mismatch")
+    check.check(bool((z == 5).all()), "mismatch: a buffer was written before the error")
+    x.fill_(1.0)
+    comm.allreduce(x)
+    check.check(torch.equal(x, torch.full((3, 4), float(size))), "mismatch: unusable after the error")
+
+
+def gloo_only(check: Checker, rank: int, size: int) -> None:
+    big = denseccl.init(backend="gloo")
+    counted = Counted(big.flow.transport)
+    limit = denseccl.config.settings().host_path
+    x = torch.ones(limit // 4 + 1)  # one element over
+    for _ in range(3):
+        x.fill_(1.0)
+        big.allreduce(x)
+    over = torch.equal(x, torch.full_like(x, float(size)))
+    check.check(over and counted.calls == 3, f"over the limit: {counted.calls} gloo calls of 3")
+    big.close()
+    off = denseccl.init(backend="gloo", check="off")
+    counted = Counted(off.flow.transport)
+    y = torch.ones(16)
+    for _ in range(3):
+        y.fill_(1.0)
+        off.allreduce(y)
+    done = torch.equal(y, torch.full_like(y, float(size)))
+    check.check(done and counted.calls == 3, f"check off: {counted.calls} gloo calls of 3")
+    off.close()
+
+
+def main(rank: int, size: int) -> None:
+    torch.set_num_threads(1)
+    check = Checker("host-path", rank, size)
+    comm = denseccl.init(backend="gloo")
+    transport = comm.flow.transport
+    check.check(getattr(transport, "host", None) is not None, "no host path on one host")
+    counted = Counted(transport)
+    back_to_back(check, comm, counted, rank, size)
+    replays(check, comm, counted, rank, size)
+    numpy_layouts(check, comm, counted, rank, size)
+    mixed(check, comm, counted, rank, size)
+    mismatch(check, comm, rank, size)
+    comm.close()
+    gloo_only(check, rank, size)
+    check.done()
+
+
+def spawned(rank: int, size: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
+    main(rank, size)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["spawn"]:
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        count = int(sys.argv[2])
+        mp.spawn(spawned, args=(count,), nprocs=count)
+    else:
+        main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

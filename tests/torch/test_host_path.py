@@ -1,0 +1,41 @@
+"""The gloo engine's host path (denseccl/backends/gloo/host.py) on real ranks: torchrun with 2
+ranks and 4 ranks on one core, mp.spawn with 3. tests/torch/ranks/host_path.py has the cases:
+every dtype and op, layouts, ranks that run ahead, back-to-back calls (which caught a single
+slot per rank: 50-350 wrong results in 3000), a rank on the general path, a mismatch, and the
+calls that stay on gloo."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from denseccl.board import segment
+from tests.support.checker import expect_passed
+from tests.torch.launchers import run
+
+PROGRAM = Path(__file__).parent / "ranks" / "host_path.py"
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")]
+TASKSET = shutil.which("taskset")
+
+
+def test_host_path_under_torchrun() -> None:
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROGRAM)],
+               timeout=300)
+    expect_passed(done, 2)
+
+
+@pytest.mark.skipif(TASKSET is None, reason="taskset is not installed")
+def test_host_path_with_four_ranks_on_one_core() -> None:
+    done = run([TASKSET, "-c", "0", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                "4", str(PROGRAM)], timeout=400)
+    expect_passed(done, 4)
+
+
+def test_host_path_under_spawn() -> None:
+    done = run([sys.executable, str(PROGRAM), "spawn", "3"], timeout=300)
+    expect_passed(done, 3)
