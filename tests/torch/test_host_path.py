@@ -39,3 +39,9 @@ def test_host_path_with_four_ranks_on_one_core() -> None:
 def test_host_path_under_spawn() -> None:
     done = run([sys.executable, str(PROGRAM), "spawn", "3"], timeout=300)
     expect_passed(done, 3)
+
+
+def test_host_path_turned_off() -> None:
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROGRAM)],
+               timeout=300, env={"DENSECCL_HOST_PATH": "0"})
+    expect_passed(done, 2)

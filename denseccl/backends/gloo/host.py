@@ -38,6 +38,8 @@ from ..base import ControlChannel, Pending, Start
 
 #: the tag a call on the host path posts in its agreement step (the general path posts UNPLANNED)
 TAG = 1
+#: the calls the host path makes: the in-place calls that are prepared (Flow.replay)
+COLLECTIVES = frozenset({"allreduce", "reduce", "broadcast"})
 #: slots start on cache lines of their own
 ALIGN = 64
 
@@ -83,7 +85,7 @@ class HostPath:
 
     def fits(self, collective: str, nbytes: int) -> bool:
         """Whether a call of ``collective`` on ``nbytes`` takes this path."""
-        return collective == "allreduce" and 0 < nbytes <= self.limit
+        return collective in COLLECTIVES and 0 < nbytes <= self.limit
 
     def slots(self, count: int, dtype: Any) -> List[List[torch.Tensor]]:
         """Per parity, per rank: that rank's slot as ``count`` elements of the torch ``dtype``
@@ -97,18 +99,18 @@ class HostPath:
         ]
 
     def prepare(
-        self, count: int, dtype: DType, torch_dtype: Any, op: Op, view: Callable[[int], torch.Tensor],
-        fallback: Callable[[int], Pending],
+        self, collective: str, count: int, dtype: DType, torch_dtype: Any, op: Optional[Op], root: int,
+        view: Callable[[int], torch.Tensor], fallback: Callable[[int], Pending],
     ) -> Start:
-        """The repeated in-place allreduce of ``count`` elements: ``view(address)`` is the span
-        at ``address`` as a tensor, ``fallback(address)`` the same call through gloo (when the
-        step says that not every rank is on this path). Closures over locals: this runs on
-        every repeated call."""
+        """The repeated in-place ``collective`` (one of :data:`COLLECTIVES`) of ``count``
+        elements: ``view(address)`` is the span at ``address`` as a tensor, ``fallback(address)``
+        the same call through gloo (when the step says that not every rank is on this path).
+        Closures over locals: this runs on every repeated call."""
         slots = self.slots(count, torch_dtype)
         rank, size, parity_of = self.rank, self.size, self.board.parity
-        kind = reduction_kind(op, dtype)
-        combine = _COMBINE[kind]
-        divide = kind is ReduceOp.AVG
+        #: whether this rank's span goes into its slot; what it does with the slots after the step
+        gives = collective != "broadcast" or rank == root
+        finish = _finisher(collective, rank, size, root, None if op is None else reduction_kind(op, dtype))
         #: the span of the last address (a loop over one tensor makes it once)
         last: list = [0, None]
         #: what the last step decided: the address the host path runs at (0: gloo), its parity
@@ -122,28 +124,46 @@ class HostPath:
         def step(control: ControlChannel, value: int, invalid: bool, deadline: Optional[float], address: int) -> int:
             """Copy this rank's span into its slot, then the agreement step with :data:`TAG`."""
             parity = parity_of()
-            if not invalid:
+            if gives and not invalid:
                 slots[parity][rank].copy_(span(address))
             answer = control.all_equal(value, invalid, deadline, TAG)  # type: ignore[call-arg]
             ready[0], ready[1] = (address if answer == SAME else 0), parity
             return answer
 
         def start(address: int) -> Callable[[], bool]:
-            """Reduce every rank's slot into the span where the step said so; else gloo."""
+            """Finish the call from the slots where the step said so; else through gloo."""
             decided, ready[0] = ready[0], 0
             if decided != address or not decided:
                 pending = fallback(address)
                 return lambda: _settled(pending)
-            target = span(address)
-            row = slots[ready[1]]
-            combine(row[0], row[1], out=target)
-            for peer in range(2, size):
-                combine(target, row[peer], out=target)
-            if divide:
-                average(target, size)
+            if finish is not None:
+                finish(span(address), slots[ready[1]])
             return _done
 
         return Start(start, step)
+
+
+def _finisher(
+    collective: str, rank: int, size: int, root: int, kind: Optional[ReduceOp]
+) -> Optional[Callable[[torch.Tensor, List[torch.Tensor]], None]]:
+    """What a rank does with every rank's slot (``row``) once the step returned: reduce them in
+    rank order into its span (allreduce; reduce on the root), take the root's (broadcast, on
+    the others), or nothing (a non-root's reduce: its span is only read)."""
+    if collective == "broadcast":
+        return None if rank == root else lambda target, row: target.copy_(row[root])  # type: ignore[misc, return-value]
+    if collective == "reduce" and rank != root:
+        return None
+    assert kind is not None
+    combine, divide = _COMBINE[kind], kind is ReduceOp.AVG
+
+    def reduce(target: torch.Tensor, row: List[torch.Tensor]) -> None:
+        combine(row[0], row[1], out=target)
+        for peer in range(2, size):
+            combine(target, row[peer], out=target)
+        if divide:
+            average(target, size)
+
+    return reduce
 
 
 def _done() -> bool:
@@ -156,4 +176,4 @@ def _settled(pending: Pending) -> bool:
     return True
 
 
-__all__ = ["ALIGN", "TAG", "HostPath", "area_bytes", "average", "slot_bytes"]
+__all__ = ["ALIGN", "COLLECTIVES", "TAG", "HostPath", "area_bytes", "average", "slot_bytes"]

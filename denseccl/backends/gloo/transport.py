@@ -24,7 +24,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
-from ... import config
+from ... import config, log
 from ...board.control import SharedControl, open_shared
 from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
@@ -300,16 +300,22 @@ class GlooTransport(_GlooGroup, Transport):
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Start]:
-        """A small allreduce of ranks on one host: the host path (host.py). Anything else runs
-        the general path each time (gloo's wait blocks in the library: GlooPending.blocks)."""
+        """A small allreduce, reduce or broadcast of ranks on one host: the host path (host.py).
+        Anything else runs the general path each time (gloo's wait blocks in the library:
+        GlooPending.blocks)."""
         host = self.host
-        if host is None or op is None or isinstance(op, PreMulSum) or dtype.name not in _GLOO_TYPES:
+        if host is None or isinstance(op, PreMulSum) or dtype.name not in _GLOO_TYPES:
             return None
         if not host.fits(collective, count * dtype.itemsize):
             return None
+        fallbacks: Dict[str, Callable[[int], Pending]] = {
+            "allreduce": lambda address: self.allreduce(address, address, count, dtype, op),  # type: ignore[arg-type]
+            "reduce": lambda address: self.reduce(address, address, count, dtype, op, root),  # type: ignore[arg-type]
+            "broadcast": lambda address: self.broadcast(address, count, dtype, root),
+        }
         return host.prepare(
-            count, dtype, _TORCH[dtype.name], op, lambda address: span_tensor(address, count, dtype),
-            lambda address: self.allreduce(address, address, count, dtype, op),  # type: ignore[arg-type]
+            collective, count, dtype, _TORCH[dtype.name], op, root, lambda address: span_tensor(address, count, dtype),
+            fallbacks[collective],
         )
 
     def close(self) -> None:
@@ -372,6 +378,8 @@ def open_gloo(
     board = channel.host_data() if isinstance(channel, SharedControl) else None
     if board is not None:
         transport.host = HostPath(board, limit)
+        log.info("gloo engine: repeated allreduce, reduce and broadcast of up to %d bytes through this host's "
+                 "shared memory (DENSECCL_HOST_PATH)", limit)
     return transport, channel
 
 

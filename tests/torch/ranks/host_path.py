@@ -10,11 +10,14 @@ dtype (the order the host path promises), and compared across ranks bit for bit:
   NumPy), fresh inputs on every call, with random pauses of a few hundred microseconds on some
   ranks so that ranks run ahead of each other; none of them is a gloo call (but a PreMulSum's,
   which the communicator validates on every call);
+- repeated in-place reduce and broadcast, every root: the same, and a non-root's reduce input
+  left as it was;
 - a rank on the general path (a tensor subclass) while the others replay: every rank falls back
   to gloo for that call, results right;
 - a layout mismatch on a replayed geometry: MismatchError on every rank, buffers untouched,
   the communicator usable;
-- a call above DENSECCL_HOST_PATH bytes, and the agreement step off: gloo.
+- a call above DENSECCL_HOST_PATH bytes, and the agreement step off: gloo;
+- with DENSECCL_HOST_PATH=0 in the environment: no host path at all.
 """
 
 from __future__ import annotations
@@ -84,17 +87,21 @@ def reference(seed: int, size: int, dtype: torch.dtype, op: Any) -> torch.Tensor
 
 
 class Counted:
-    """Counts the gloo allreduces of a communicator's transport (the host path makes none)."""
+    """Counts a communicator's gloo calls: allreduces (``calls``) and reduces and broadcasts with
+    them (``gloo``). The host path makes none."""
 
     def __init__(self, transport: Any) -> None:
-        self.calls = 0
-        original = transport.allreduce
+        self.calls = self.gloo = 0
+        for name in ("allreduce", "reduce", "broadcast"):
+            setattr(transport, name, self.counting(getattr(transport, name), name == "allreduce"))
 
+    def counting(self, original: Callable[..., Any], allreduce: bool) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
+            self.calls += allreduce
+            self.gloo += 1
             return original(*args, **kwargs)
 
-        transport.allreduce = counted
+        return counted
 
 
 def same_everywhere(comm: denseccl.Communicator, x: torch.Tensor) -> bool:
@@ -146,6 +153,33 @@ def back_to_back(check: Checker, comm: denseccl.Communicator, counted: Counted, 
             wrong.append(call)
     check.check(not wrong, f"back to back: {len(wrong)} of 3000 calls wrong, the first {wrong[:5]}")
     check.check(counted.calls == before, f"back to back: {counted.calls - before} gloo calls")
+
+
+def rooted(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
+    """Repeated in-place reduce and broadcast, every root: the root's result (reduce) or every
+    rank's copy of the root's input (broadcast); a non-root's reduce input left as it was."""
+    seed = 5000
+    for name, op in (("float32", "sum"), ("bfloat16", "max"), ("int64", "avg"), ("bool", "prod")):
+        dtype = getattr(torch, name)
+        for root in range(size):
+            for layout, lay in LAYOUTS.items():
+                x = lay(inputs(0, rank, dtype))
+                comm.reduce(x, root=root, op=op)
+                y = lay(inputs(0, rank, dtype))
+                comm.broadcast(y, root=root)
+                before = counted.calls
+                for call in range(3):
+                    seed += 1
+                    x.copy_(inputs(seed, rank, dtype))
+                    comm.reduce(x, root=root, op=op)
+                    want = reference(seed, size, dtype, op) if rank == root else inputs(seed, rank, dtype)
+                    check.check(torch.equal(x, want), f"reduce {name} {op} root {root} {layout} call {call}: differs")
+                    y.copy_(inputs(seed, rank, dtype))
+                    comm.broadcast(y, root=root)
+                    want = inputs(seed, root, dtype)
+                    check.check(torch.equal(y, want), f"broadcast {name} root {root} {layout} call {call}: differs")
+                gloo = counted.gloo - before
+                check.check(gloo == 0, f"reduce/broadcast {name} root {root} {layout}: {gloo} gloo calls in replays")
 
 
 def numpy_layouts(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
@@ -208,15 +242,34 @@ def gloo_only(check: Checker, rank: int, size: int) -> None:
     off.close()
 
 
+def turned_off(check: Checker, rank: int, size: int) -> None:
+    """DENSECCL_HOST_PATH=0: no data area, every call through gloo."""
+    comm = denseccl.init(backend="gloo")
+    check.check(comm.flow.transport.host is None, "DENSECCL_HOST_PATH=0: a host path all the same")
+    counted = Counted(comm.flow.transport)
+    x = torch.ones(16)
+    for _ in range(3):
+        x.fill_(float(rank + 1))
+        comm.allreduce(x)
+    check.check(torch.equal(x, torch.full((16,), float(sum(range(1, size + 1))))), f"off: {x[:4]}")
+    check.check(counted.calls == 3, f"off: {counted.calls} gloo calls of 3")
+    comm.close()
+
+
 def main(rank: int, size: int) -> None:
     torch.set_num_threads(1)
     check = Checker("host-path", rank, size)
+    if os.environ.get("DENSECCL_HOST_PATH") == "0":
+        turned_off(check, rank, size)
+        check.done()
+        return
     comm = denseccl.init(backend="gloo")
     transport = comm.flow.transport
     check.check(getattr(transport, "host", None) is not None, "no host path on one host")
     counted = Counted(transport)
     back_to_back(check, comm, counted, rank, size)
     replays(check, comm, counted, rank, size)
+    rooted(check, comm, counted, rank, size)
     numpy_layouts(check, comm, counted, rank, size)
     mixed(check, comm, counted, rank, size)
     mismatch(check, comm, rank, size)
