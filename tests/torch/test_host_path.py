@@ -45,3 +45,12 @@ def test_host_path_turned_off() -> None:
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROGRAM)],
                timeout=300, env={"DENSECCL_HOST_PATH": "0"})
     expect_passed(done, 2)
+
+
+def test_a_rank_paused_between_the_step_and_its_reduce(tmp_path: Path) -> None:
+    """SIGSTOP after the step, SIGCONT 4 s later: the paused rank's result is right (with one
+    slot per rank instead of two it read its peer's next input: 102 for 3), every later call
+    fails on every rank, no failed call writes its buffer."""
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROGRAM),
+                "paused"], timeout=120, env={"DENSECCL_TRACE_DIR": str(tmp_path)})
+    expect_passed(done, 2)

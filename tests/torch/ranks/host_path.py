@@ -1,7 +1,7 @@
 """Rank program: the gloo engine's host path (denseccl/backends/gloo/host.py) under torchrun or
 mp.spawn.
 
-usage: host_path.py [spawn N]   (torchrun sets the ranks; "spawn N" starts N itself)
+usage: host_path.py [spawn N | paused]   (torchrun sets the ranks; "spawn N" starts N itself)
 
 Every result against a reference built from every rank's inputs, reduced in rank order in the
 dtype (the order the host path promises), and compared across ranks bit for bit:
@@ -17,13 +17,16 @@ dtype (the order the host path promises), and compared across ranks bit for bit:
 - a layout mismatch on a replayed geometry: MismatchError on every rank, buffers untouched,
   the communicator usable;
 - a call above DENSECCL_HOST_PATH bytes, and the agreement step off: gloo;
-- with DENSECCL_HOST_PATH=0 in the environment: no host path at all.
+- with DENSECCL_HOST_PATH=0 in the environment: no host path at all;
+- paused: a rank stopped between the step and its reduce (see :func:`paused`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List
@@ -256,11 +259,54 @@ def turned_off(check: Checker, rank: int, size: int) -> None:
     comm.close()
 
 
+def paused(check: Checker, rank: int, size: int) -> None:
+    """The last rank stops (SIGSTOP) right after the step of a call on the host path, before it
+    reduces; a helper resumes it (SIGCONT) 4 s later. Its peers finish that call, time out in the
+    next one (2 s) and give up. Resumed, the last rank reduces the first call from slots its
+    peers did not overwrite (their next call went to the other half): the right result, and
+    then CommunicatorBrokenError for it all the same (a peer gave up meanwhile); its next call
+    fails at once on the flag. No failed call writes its buffer."""
+    comm = denseccl.init(backend="gloo", timeout=2)
+    x = torch.zeros(256)
+    for _ in range(2):
+        comm.allreduce(x)  # prepared from the second call on
+    x.fill_(float(rank + 1))
+    if rank == size - 1:
+        control = comm.flow.control
+        agree = control.all_equal
+
+        def stop_after(*args: Any) -> Any:
+            answer = agree(*args)
+            control.all_equal = agree  # once
+            subprocess.Popen(["sh", "-c", f"sleep 4; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return answer
+
+        control.all_equal = stop_after
+    total = float(sum(range(1, size + 1)))
+    if rank == size - 1:  # its call completed, but a peer gave up meanwhile: the flow says so
+        check.raises("the paused call", denseccl.CommunicatorBrokenError, lambda: comm.allreduce(x), "gave up")
+    else:
+        comm.allreduce(x)
+    check.check(torch.equal(x, torch.full((256,), total)), f"paused: the call the last rank paused in gave {x[:4]}")
+    x.fill_(100.0)
+    if rank == size - 1:
+        check.raises("the late rank's next call", denseccl.CommunicatorBrokenError, lambda: comm.allreduce(x))
+    else:
+        check.raises("the next call", (denseccl.CollectiveTimeoutError, denseccl.CommunicatorBrokenError),
+                     lambda: comm.allreduce(x))
+    check.check(torch.equal(x, torch.full((256,), 100.0)), "paused: a failed call wrote its buffer")
+
+
 def main(rank: int, size: int) -> None:
     torch.set_num_threads(1)
     check = Checker("host-path", rank, size)
     if os.environ.get("DENSECCL_HOST_PATH") == "0":
         turned_off(check, rank, size)
+        check.done()
+        return
+    if sys.argv[1:2] == ["paused"]:
+        paused(check, rank, size)
         check.done()
         return
     comm = denseccl.init(backend="gloo")
