@@ -4,7 +4,9 @@ the agreement step on and off, against torch's gloo, side by side in one job::
     torchrun --standalone --nproc-per-node 2 -m denseccl.bench.gloo_calls [--kib 4] [--blocks 20] [--calls 150]
 
 Contenders, on the same ranks and the same number of bytes: ``check`` (``denseccl.init()``'s
-communicator, the agreement on the host's board), ``off`` (a second communicator with
+communicator, the agreement on the host's board; up to ``DENSECCL_HOST_PATH`` bytes the call
+itself then moves through the host's shared memory, backends/gloo/host.py), ``off`` (a second
+communicator with
 ``check="off"``: the same engine with no agreement step) and ``gloo`` (``dist.all_reduce`` on a
 gloo group). They alternate block by block, all ranks starting each block together. Every call
 is timed on its own: a mean alone hides that on a small machine gloo's calls fall into two
