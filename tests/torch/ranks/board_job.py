@@ -37,6 +37,7 @@ from denseccl.board.segment import PREFIX, SHM
 from denseccl.wait import WAITING
 from tests.support.checker import Checker
 from tests.support.counting_store import env_counting_store
+from tests.torch.ranks.common import start
 
 SCENARIO = sys.argv[1]
 
@@ -218,22 +219,5 @@ def main(rank: int, size: int) -> None:
     check.done()
 
 
-def spawned(rank: int, size: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
-    main(rank, size)
-
-
 if __name__ == "__main__":
-    if sys.argv[2:3] == ["spawn"]:
-        import socket
-
-        import torch.multiprocessing as mp
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        count = int(sys.argv[3])
-        mp.spawn(spawned, args=(count,), nprocs=count)
-    else:
-        main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    start(main, int(sys.argv[3]) if sys.argv[2:3] == ["spawn"] else None)

@@ -4,7 +4,8 @@ through ``tests.support.checker.Checker``."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence, Tuple
+import os
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,6 +19,28 @@ LAYOUTS: Dict[str, Tuple[Tuple[int, ...], Callable[[Tuple[int, ...], torch.dtype
     "empty": ((0, 3), lambda s, d: torch.empty(s, dtype=d)),
     "0-d": ((), lambda s, d: torch.empty(s, dtype=d)),
 }
+
+
+def _spawned(rank: int, size: int, main: Callable[[int, int], None]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
+    main(rank, size)
+
+
+def start(main: Callable[[int, int], None], spawn: Optional[int]) -> None:
+    """Run ``main(rank, size)`` on this rank as torchrun started it (``spawn`` None), or start
+    ``spawn`` ranks here with ``mp.spawn`` on a free local port."""
+    if spawn is None:
+        main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+        return
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    mp.spawn(_spawned, args=(spawn, main), nprocs=spawn)
 
 
 def init() -> None:

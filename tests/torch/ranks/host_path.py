@@ -37,6 +37,7 @@ import torch
 import denseccl
 from denseccl.ops import PreMulSum
 from tests.support.checker import Checker
+from tests.torch.ranks.common import start
 
 OPS: Dict[str, List[Any]] = {
     "float32": ["sum", "prod", "min", "max", "avg", PreMulSum(0.5)],
@@ -223,40 +224,29 @@ def mismatch(check: Checker, comm: denseccl.Communicator, rank: int, size: int) 
     check.check(torch.equal(x, torch.full((3, 4), float(size))), "mismatch: unusable after the error")
 
 
-def gloo_only(check: Checker, rank: int, size: int) -> None:
-    big = denseccl.init(backend="gloo")
-    counted = Counted(big.flow.transport)
-    limit = denseccl.config.settings().host_path
-    x = torch.ones(limit // 4 + 1)  # one element over
+def on_gloo(check: Checker, comm: denseccl.Communicator, numel: int, what: str) -> None:
+    """Three repeated allreduces of ``numel`` float32 on ``comm``: right, and each a gloo call."""
+    counted = Counted(comm.flow.transport)
+    x = torch.ones(numel)
     for _ in range(3):
-        x.fill_(1.0)
-        big.allreduce(x)
-    over = torch.equal(x, torch.full_like(x, float(size)))
-    check.check(over and counted.calls == 3, f"over the limit: {counted.calls} gloo calls of 3")
-    big.close()
-    off = denseccl.init(backend="gloo", check="off")
-    counted = Counted(off.flow.transport)
-    y = torch.ones(16)
-    for _ in range(3):
-        y.fill_(1.0)
-        off.allreduce(y)
-    done = torch.equal(y, torch.full_like(y, float(size)))
-    check.check(done and counted.calls == 3, f"check off: {counted.calls} gloo calls of 3")
-    off.close()
+        x.fill_(float(comm.rank + 1))
+        comm.allreduce(x)
+    right = torch.equal(x, torch.full_like(x, float(sum(range(1, comm.size + 1)))))
+    check.check(right and counted.calls == 3, f"{what}: {x[:4]}, {counted.calls} gloo calls of 3")
+    comm.close()
 
 
-def turned_off(check: Checker, rank: int, size: int) -> None:
+def gloo_only(check: Checker) -> None:
+    """A call one element over the limit, and the agreement step off: gloo."""
+    on_gloo(check, denseccl.init(backend="gloo"), denseccl.config.settings().host_path // 4 + 1, "over the limit")
+    on_gloo(check, denseccl.init(backend="gloo", check="off"), 16, "check off")
+
+
+def turned_off(check: Checker) -> None:
     """DENSECCL_HOST_PATH=0: no data area, every call through gloo."""
     comm = denseccl.init(backend="gloo")
     check.check(comm.flow.transport.host is None, "DENSECCL_HOST_PATH=0: a host path all the same")
-    counted = Counted(comm.flow.transport)
-    x = torch.ones(16)
-    for _ in range(3):
-        x.fill_(float(rank + 1))
-        comm.allreduce(x)
-    check.check(torch.equal(x, torch.full((16,), float(sum(range(1, size + 1))))), f"off: {x[:4]}")
-    check.check(counted.calls == 3, f"off: {counted.calls} gloo calls of 3")
-    comm.close()
+    on_gloo(check, comm, 16, "DENSECCL_HOST_PATH=0")
 
 
 def paused(check: Checker, rank: int, size: int) -> None:
@@ -302,7 +292,7 @@ def main(rank: int, size: int) -> None:
     torch.set_num_threads(1)
     check = Checker("host-path", rank, size)
     if os.environ.get("DENSECCL_HOST_PATH") == "0":
-        turned_off(check, rank, size)
+        turned_off(check)
         check.done()
         return
     if sys.argv[1:2] == ["paused"]:
@@ -320,26 +310,9 @@ def main(rank: int, size: int) -> None:
     mixed(check, comm, counted, rank, size)
     mismatch(check, comm, rank, size)
     comm.close()
-    gloo_only(check, rank, size)
+    gloo_only(check)
     check.done()
 
 
-def spawned(rank: int, size: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
-    main(rank, size)
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["spawn"]:
-        import socket
-
-        import torch.multiprocessing as mp
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        count = int(sys.argv[2])
-        mp.spawn(spawned, args=(count,), nprocs=count)
-    else:
-        main(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    start(main, int(sys.argv[2]) if sys.argv[1:2] == ["spawn"] else None)
