@@ -228,6 +228,12 @@ def agreement_paths() -> "OrderedDict[str, str]":
             f"a shared-memory board per host (a {where} segment, unlinked once mapped; fence: {fence.describe()}); "
             "across hosts one round among one leader per host over gloo; no store operation per call"
         )
+        limit = config.settings().host_path
+        paths["torchrun, spawn, store"] += (
+            f"; the gloo engine's repeated allreduce, reduce and broadcast of up to {limit} bytes move through the "
+            "board's segment when all ranks share one host (DENSECCL_HOST_PATH)" if limit else
+            "; DENSECCL_HOST_PATH=0: every gloo engine call through gloo"
+        )
     else:
         why = "no /dev/shm" if not where else f"no fence: {fence.describe()}"
         paths["torchrun, spawn, store"] = (

@@ -241,6 +241,12 @@ def test_the_environment_report_names_the_agreement_path(monkeypatch: pytest.Mon
     assert set(paths) == {"mpiexec, srun", "torchrun, spawn, store"}
     if segment.available():
         assert "no store operation per call" in paths["torchrun, spawn, store"]
+        assert "broadcast of up to 65536 bytes move through the board's segment" in paths["torchrun, spawn, store"]
+        monkeypatch.setenv("DENSECCL_HOST_PATH", "0")
+        assert "DENSECCL_HOST_PATH=0: every gloo engine call through gloo" in envreport.agreement_paths()[
+            "torchrun, spawn, store"
+        ]
+        monkeypatch.delenv("DENSECCL_HOST_PATH")
     assert "The agreement step" in envreport.report()
     monkeypatch.setattr(fence, "page_fence", lambda machine=None: None)  # an ARM host without the fence
     assert envreport.agreement_paths()["torchrun, spawn, store"].startswith("no board")
