@@ -6,11 +6,15 @@ calls that stay on gloo."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any, Dict
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
@@ -54,3 +58,54 @@ def test_a_rank_paused_between_the_step_and_its_reduce(tmp_path: Path) -> None:
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROGRAM),
                 "paused"], timeout=120, env={"DENSECCL_TRACE_DIR": str(tmp_path)})
     expect_passed(done, 2)
+
+
+#: the dtypes the gloo engine reduces, per library (bfloat16: torch only)
+DTYPES = {
+    "numpy": ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool", "complex64", "complex128"],
+    "torch": ["bfloat16", "float16", "float32", "int64", "int8", "uint8", "bool", "complex64"],
+}
+
+
+def ops_for(dtype: str) -> list:
+    if dtype == "bool":
+        return ["sum", "prod", "min", "max"]
+    if dtype.startswith("complex"):
+        return ["sum", "avg", {"premul": 2.0}]  # gloo refuses the product of complex numbers
+    return ["sum", "prod", "min", "max", "avg", {"premul": 3.0}]
+
+
+@st.composite
+def cases(draw: Any) -> Dict[str, Any]:
+    """One call: collective, dtype, op, root and a layout (permutation, flipped dims for NumPy,
+    odd strides on size-1 dims, size-0 dims), sized from empty to over the host path's limit."""
+    lib = draw(st.sampled_from(["numpy", "torch"]))
+    dtype = draw(st.sampled_from(DTYPES[lib]))
+    collective = draw(st.sampled_from(["allreduce", "allreduce", "reduce", "broadcast"]))
+    ndim = draw(st.integers(0, 4))
+    shape = draw(st.lists(st.one_of(st.integers(1, 6), st.integers(0, 3)), min_size=ndim, max_size=ndim))
+    if draw(st.integers(0, 9)) == 0 and ndim:
+        shape[0] = 8200  # past 64 KiB for 8-byte types: gloo
+    low = -9 if lib == "numpy" else 0
+    return {
+        "collective": collective, "dtype": dtype, "lib": lib,
+        "op": None if collective == "broadcast" else draw(st.sampled_from(ops_for(dtype))),
+        "root": draw(st.integers(0, 3)), "shape": shape, "order": list(draw(st.permutations(range(ndim)))),
+        "flips": draw(st.lists(st.sampled_from(range(ndim)), unique=True)) if ndim and lib == "numpy" else [],
+        "odd": draw(st.lists(st.integers(low, 9), min_size=ndim, max_size=ndim)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@settings(
+    max_examples=2, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a job
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(batch=st.lists(cases(), min_size=30, max_size=30))
+def test_drawn_layouts_on_the_host_path(n: int, batch: list, tmp_path: Path) -> None:
+    path = tmp_path / f"cases-{n}.json"
+    path.write_text(json.dumps(batch))
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                str(PROGRAM), "layouts", str(path)], timeout=300)
+    expect_passed(done, n)

@@ -1,7 +1,7 @@
 """Rank program: the gloo engine's host path (denseccl/backends/gloo/host.py) under torchrun or
 mp.spawn.
 
-usage: host_path.py [spawn N | paused]   (torchrun sets the ranks; "spawn N" starts N itself)
+usage: host_path.py [spawn N | paused | layouts CASES.json]   (torchrun sets the ranks; "spawn N" starts N itself)
 
 Every result against a reference built from every rank's inputs, reduced in rank order in the
 dtype (the order the host path promises), and compared across ranks bit for bit:
@@ -18,7 +18,8 @@ dtype (the order the host path promises), and compared across ranks bit for bit:
   the communicator usable;
 - a call above DENSECCL_HOST_PATH bytes, and the agreement step off: gloo;
 - with DENSECCL_HOST_PATH=0 in the environment: no host path at all;
-- paused: a rank stopped between the step and its reduce (see :func:`paused`).
+- paused: a rank stopped between the step and its reduce (see :func:`paused`);
+- layouts: drawn layouts, dtypes, ops and roots (see :func:`layouts`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ import torch
 
 import denseccl
 from denseccl.ops import PreMulSum
+from tests.mpi.ranks.common import (
+    as_denseccl_op, build, compare, describe, load_cases, same_values, strides_for, values,
+)
 from tests.support.checker import Checker
+from tests.support.layouts import assign, to_numpy
 from tests.torch.ranks.common import start
 
 OPS: Dict[str, List[Any]] = {
@@ -288,6 +293,42 @@ def paused(check: Checker, rank: int, size: int) -> None:
     check.check(torch.equal(x, torch.full((256,), 100.0)), "paused: a failed call wrote its buffer")
 
 
+def layouts(check: Checker, rank: int, size: int, path: str) -> None:
+    """Cases from a JSON file (tests/torch/test_host_path.py draws them with hypothesis): each
+    collective on its layout three times in place, the first on the general path, the others
+    replayed (on the host path where it fits), every result against the reference built from
+    every rank's inputs as read back from arrays of that layout."""
+    comm = denseccl.init(backend="gloo")
+    counted = Counted(comm.flow.transport)
+    limit = denseccl.config.settings().host_path
+    for case in load_cases(path):
+        case = dict(case, size=size)
+        shape, strides, dtype, collective = tuple(case["shape"]), strides_for(case), case["dtype"], case["collective"]
+        raw, root, what = case.get("op"), case["root"] % size, describe(case)
+        op = None if raw is None else as_denseccl_op(raw)
+        x = build(case, values(case, rank, shape), strides)
+        for salt in range(3):
+            inputs = [to_numpy(build(case, values(case, r, shape, salt), strides)) for r in range(size)]
+            assign(x, values(case, rank, shape, salt))
+            before = counted.gloo
+            if collective == "broadcast":
+                comm.broadcast(x, root=root)
+                check.check(same_values(to_numpy(x), inputs[root]), f"{what} call {salt}: broadcast differs")
+            elif collective == "reduce":
+                comm.reduce(x, root=root, op=op)
+                if rank == root:
+                    compare(check, f"{what} call {salt}", to_numpy(x), inputs, dtype, raw, size)
+                else:
+                    check.check(same_values(to_numpy(x), inputs[rank]), f"{what} call {salt}: a non-root input changed")
+            else:
+                comm.allreduce(x, op=op)
+                compare(check, f"{what} call {salt}", to_numpy(x), inputs, dtype, raw, size)
+            nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
+            if salt and 0 < nbytes <= limit and not isinstance(raw, dict):  # a PreMulSum: never cached
+                check.check(counted.gloo == before, f"{what} call {salt}: a gloo call, not the host path")
+    comm.close()
+
+
 def main(rank: int, size: int) -> None:
     torch.set_num_threads(1)
     check = Checker("host-path", rank, size)
@@ -297,6 +338,10 @@ def main(rank: int, size: int) -> None:
         return
     if sys.argv[1:2] == ["paused"]:
         paused(check, rank, size)
+        check.done()
+        return
+    if sys.argv[1:2] == ["layouts"]:
+        layouts(check, rank, size, sys.argv[2])
         check.done()
         return
     comm = denseccl.init(backend="gloo")
