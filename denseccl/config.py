@@ -67,6 +67,10 @@ STORE_WAIT_SLICE = 30.0
 PREMUL_CACHE = 64
 #: seconds an NCCL abort waits for a call inside NCCL to return before aborting under it
 ABORT_GRACE = 2.0
+#: seconds a rank that ends the job (DENSECCL_ON_TIMEOUT=abort) leaves its launcher to forward
+#: what it printed before MPI_Abort: MPICH's hydra acts on the abort first under load and drops
+#: the rank's last output (1 job in 10 with both cores busy)
+ABORT_PRINT_SECONDS = 0.3
 #: elements per chunk of the host float16/bfloat16 kernels: amortises NumPy's per-call cost, and
 #: the chunk's scratch stays in L2
 HOST_KERNEL_CHUNK = 1 << 15

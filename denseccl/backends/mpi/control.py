@@ -138,6 +138,7 @@ class MPIControl(ControlChannel):
 
     def abort(self, message: str) -> NoReturn:
         print(message, flush=True, file=sys.stderr)
+        time.sleep(config.ABORT_PRINT_SECONDS)  # the launcher forwards the message before it kills
         MPI.COMM_WORLD.Abort(1)
         os._exit(1)  # MPI_Abort may return before the launcher has ended this process
 
