@@ -1,5 +1,5 @@
-"""The host path: a repeated small allreduce of ranks that share one host, through the board's
-shared memory instead of gloo.
+"""The host path: a repeated small allreduce, reduce or broadcast of ranks that share one host,
+through the board's shared memory instead of gloo.
 
 Why: gloo has no shared-memory transport; a 4 KiB allreduce of two ranks on one host is a TCP
 round through gloo's worker and loop threads, about 0.45 ms here and 4 ms whenever the scheduler
@@ -7,9 +7,9 @@ parks one of those threads for a slice. MPI libraries move such calls through sh
 (MPICH's and Open MPI's shared-memory transports). The agreement board is that memory already,
 and its step is the barrier such a path needs: each rank copies its span into its own slot
 before it posts the step, and once the step returns every rank's slot holds its data. Each rank
-then reduces all slots, in rank order, into its span: the same operations on the same values in
-the same order, so every rank gets the same bits. Nothing but torch's elementwise kernels and the
-board: no protocol of its own beyond the slot layout.
+then reduces all slots, in rank order, into its span (a broadcast copies the root's slot): the
+same operations on the same values in the same order, so every rank gets the same bits. Nothing
+but torch's elementwise kernels and the board: no protocol of its own beyond the slot layout.
 
 The slots are double-buffered by the step's parity (``Board.parity``): a rank rewrites a half two
 steps later, when every peer has arrived at the step in between and so has finished reducing this
@@ -19,10 +19,10 @@ synchronous). A call is on this path only where every rank knows so in the step:
 path posts ``UNPLANNED``, the step answers ``MIXED_TAGS``, and every rank runs the call through
 gloo. With the agreement step off there is no step, so no host path: gloo.
 
-What it covers: allreduce of at most ``DENSECCL_HOST_PATH`` bytes (0: never) with any op the
-communicator caches (sum, prod, min, max, avg; a PreMulSum is validated on every call, so never
-prepared) and any dtype the gloo engine reduces, on a communicator whose ranks all share one host
-(splits: gloo).
+What it covers: :data:`COLLECTIVES` of at most ``DENSECCL_HOST_PATH`` bytes (0: never) with any
+op the communicator caches (sum, prod, min, max, avg; a PreMulSum is validated on every call, so
+never prepared) and any dtype the gloo engine reduces, on a communicator whose ranks all share
+one host (splits: gloo).
 """
 
 from __future__ import annotations

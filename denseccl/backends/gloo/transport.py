@@ -31,7 +31,7 @@ from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
 from .held import Held
-from .host import HostPath, area_bytes
+from .host import HostPath, area_bytes, average
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -234,9 +234,7 @@ class GlooTransport(_GlooGroup, Transport):
         if op_kind(op) is not ReduceOp.AVG:
             return None
         size = self.size
-        if target.is_floating_point() or target.is_complex():
-            return lambda: target.div_(size)
-        return lambda: torch.div(target, size, rounding_mode="trunc", out=target)
+        return lambda: average(target, size)
 
     def _prepared(self, send: int, recv: int, count: int, dtype: DType, op: Op) -> torch.Tensor:
         """``recv`` holding what gloo reduces in place: ``send`` (copied when it is elsewhere),
