@@ -12,7 +12,7 @@ descriptor, by reference, and the time the engine reads anyway for the agreement
 at an index computed from the count, and the count's increment. Nothing is allocated, copied
 or formatted until a dump. The record and that clock read are one call into the compiled
 ``denseccl._ring`` (setup.py), about as costly as the clock read alone; where it was not built,
-:class:`PythonRing` does the same in Python, about 60 ns more (docs/debugging.md has the
+:class:`PythonRing` does the same in Python, about 120 ns more (docs/debugging.md has the
 figures). Dumps go into a folder per job (trace_files.py); ``python -m denseccl.trace_summary
 DIR`` reads every rank's dumps.
 """
@@ -78,7 +78,7 @@ def describe() -> str:
     if not capacity:
         return "off (DENSECCL_TRACE_BUFFER=0)"
     ring = "compiled (denseccl._ring)" if ring_type() is not PythonRing else (
-        "in Python (denseccl._ring not built: about 60 ns more per call)"
+        "in Python (denseccl._ring not built: about 120 ns more per call)"
     )
     return f"on: the last {capacity} calls of each communicator (DENSECCL_TRACE_BUFFER); record {ring}"
 
