@@ -133,7 +133,7 @@ class HostPath:
         def start(address: int) -> Callable[[], bool]:
             """Finish the call from the slots where the step said so; else through gloo."""
             decided, ready[0] = ready[0], 0
-            if decided != address or not decided:
+            if decided != address:  # never 0: a call on this path has bytes, hence an address
                 pending = fallback(address)
                 return lambda: _settled(pending)
             if finish is not None:
