@@ -175,6 +175,9 @@ class Flow:
         else:
             now = _monotonic() if checked else 0.0
         began = time.perf_counter() if call.tracing else 0.0
+        outcome = result
+        # one handler for the whole call: an interrupt (any BaseException) anywhere from the
+        # agreement to the end of the wait breaks the communicator on every rank (note_failure)
         try:
             if checked:
                 timeout = self.timeout
@@ -187,26 +190,25 @@ class Flow:
                     with span:
                         agree(self.control, call.descriptor, deadline, None, call.value, call.step, address)
             started = call.start(address)
-        except Exception as error:
-            self.note_failure(error)  # the agreement's or the library's: a timeout gives up
-            raise
-        if self.orphans:
-            self.poll_orphans()
-        outcome = result
-        if call.tested:  # a host call waited for at once: ``started`` is its test
-            if not soon(started) or self._gave_up[0]:  # a small call is done before a deadline is worth computing
-                try:
-                    self.settle(started, result if keep is None else keep)
-                except BaseException:
-                    call.lost(address)
-                    raise
-        else:
-            if self.transport.device_memory:
-                streams.record_stream(stream, keep)
-            if async_op:
-                outcome = Work(self, started, result, keep)
+            if self.orphans:
+                self.poll_orphans()
+            if call.tested:  # a host call waited for at once: ``started`` is its test
+                if not soon(started) or self._gave_up[0]:  # a small call is done before a deadline is worth computing
+                    try:
+                        self.settle(started, result if keep is None else keep)
+                    except BaseException:
+                        call.lost(address)
+                        raise
             else:
-                self.wait(started, keep)
+                if self.transport.device_memory:
+                    streams.record_stream(stream, keep)
+                if async_op:
+                    outcome = Work(self, started, result, keep)
+                else:
+                    self.wait(started, keep)
+        except BaseException as error:
+            self.note_failure(error)  # a local or agreement error leaves it usable; anything else breaks it
+            raise
         if began:
             elapsed = (time.perf_counter() - began) * 1e6
             how = " (started)" if async_op else " (repeated)" if call.repeated else ""
@@ -269,7 +271,7 @@ class Flow:
         if self.broken is None:
             failure = self.transport.failure()
             if failure is None and self._gave_up[0]:
-                failure = f"rank {self.control.peer_gave_up()} gave up on a collective (it timed out)"
+                failure = f"rank {self.control.peer_gave_up()} gave up on a collective (a timeout, an interrupt or a failure)"
                 if self.recorder:
                     self.recorder.broke(failure)
             self.broken = failure
@@ -294,7 +296,7 @@ class Flow:
         if self.check and self.size > 1:
             try:
                 _agree(self.control, Descriptor(collective), self.deadline(), error)
-            except Exception as raised:
+            except BaseException as raised:
                 if raised is not error:  # the local error itself leaves the communicator usable
                     self.note_failure(raised)
                 raise
@@ -317,7 +319,7 @@ class Flow:
         (other than a local or agreement error) breaks the communicator."""
         try:
             return step(*args)
-        except Exception as error:
+        except BaseException as error:
             self.note_failure(error)
             raise
 
@@ -377,30 +379,34 @@ class Flow:
         _abandon(*things)
 
     def note_failure(self, error: BaseException) -> None:
-        """Mark the communicator broken after a timeout, a peer that gave up, a transport
-        failure or an interrupted wait (not after a local or agreement error, which leave it
-        usable). After a timeout this rank gives up: it tells its peers, and with
-        ``on_timeout="abort"`` ends the whole job."""
+        """Mark the communicator broken after anything but a local or agreement error (which
+        leave it usable): a timeout, a peer that gave up, a transport failure, an interrupt
+        (any ``BaseException`` that is not an ``Exception``: Ctrl-C, a test's timeout). The
+        first failure gives up: the peers learn it through the channel's flag, so that their
+        current or next call fails instead of pairing with a call this rank abandoned. With
+        ``on_timeout="abort"`` a timeout ends the whole job."""
+        if self.broken is not None:
+            return  # the failure already noted (a wait's handler, then the call's), or closed
+        if isinstance(error, DenseCCLError) and not isinstance(error, (CollectiveTimeoutError, CommunicatorBrokenError)):
+            return
         if self.recorder:
             self.recorder.failed(error)
         if isinstance(error, CollectiveTimeoutError):
-            first = self.broken is None
-            self.broken = self.broken or f"timed out: {error}"
-            if first:
-                self._give_up(error)
+            self.broken = f"timed out: {error}"
         elif isinstance(error, CommunicatorBrokenError):
-            self.broken = self.broken or str(error)
+            self.broken = str(error)
         elif not isinstance(error, Exception):  # its transfer was left running: nothing may reuse the state
-            self.broken = self.broken or f"interrupted while waiting ({type(error).__name__})"
-        elif not isinstance(error, DenseCCLError):
-            self.broken = self.broken or f"transport failure: {type(error).__name__}: {error}"
+            self.broken = f"interrupted while waiting ({type(error).__name__})"
+        else:
+            self.broken = f"transport failure: {type(error).__name__}: {error}"
+        self._give_up(error)
 
     def _give_up(self, error: BaseException) -> None:
         try:
             self.control.give_up()
         except Exception as failure:  # noqa: BLE001 - telling the peers is best effort
             log.warning("could not tell the peers that rank %d gave up: %s", self.rank, failure)
-        if self.on_timeout == "abort":
+        if self.on_timeout == "abort" and isinstance(error, CollectiveTimeoutError):
             self.control.abort(
                 f"denseccl rank {self.rank}: {error}\n"
                 "denseccl: aborting the whole job (DENSECCL_ON_TIMEOUT=abort / denseccl.init(on_timeout='abort'))"
