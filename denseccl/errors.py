@@ -59,6 +59,7 @@ def timeout_error(what: str, seen: str = "") -> CollectiveTimeoutError:
 def peer_gave_up_error(rank: Optional[int]) -> CommunicatorBrokenError:
     """What a rank raises once it knows that ``rank`` gave up on a call of their communicator."""
     return CommunicatorBrokenError(
-        f"rank {rank} gave up on a collective of this communicator (it timed out, was interrupted or failed), so no call that pairs with it "
+        f"rank {rank} gave up on a collective of this communicator (it timed out, was interrupted or failed), "
+        "so no call that pairs with it "
         "may complete; this communicator is unusable: create a new one with denseccl.init()"
     )

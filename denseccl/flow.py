@@ -35,6 +35,8 @@ from .recorder import recorder_for
 T = TypeVar("T")
 _ndarray = np.ndarray
 _monotonic = time.monotonic
+#: the denseccl errors that break a communicator (the others are local or agreement errors)
+_BREAKING = (CollectiveTimeoutError, CommunicatorBrokenError)
 #: the "a peer gave up" flag of a closed channel, which brings no news
 CLOSED = (0,)
 
@@ -271,7 +273,8 @@ class Flow:
         if self.broken is None:
             failure = self.transport.failure()
             if failure is None and self._gave_up[0]:
-                failure = f"rank {self.control.peer_gave_up()} gave up on a collective (a timeout, an interrupt or a failure)"
+                who = self.control.peer_gave_up()
+                failure = f"rank {who} gave up on a collective (a timeout, an interrupt or a failure)"
                 if self.recorder:
                     self.recorder.broke(failure)
             self.broken = failure
@@ -387,7 +390,7 @@ class Flow:
         ``on_timeout="abort"`` a timeout ends the whole job."""
         if self.broken is not None:
             return  # the failure already noted (a wait's handler, then the call's), or closed
-        if isinstance(error, DenseCCLError) and not isinstance(error, (CollectiveTimeoutError, CommunicatorBrokenError)):
+        if isinstance(error, DenseCCLError) and not isinstance(error, _BREAKING):
             return
         if self.recorder:
             self.recorder.failed(error)

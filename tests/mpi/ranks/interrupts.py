@@ -81,7 +81,7 @@ def main() -> None:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         result = x if form == "inplace" else y
-        check.check(np.all(result == expected), f"call {call}: got {result[0]} where every rank's inputs sum to {expected}")
+        check.check(np.all(result == expected), f"call {call}: got {result[0]}, every rank's inputs sum to {expected}")
     if rank == 0:
         check.check(interrupted == ARMED, f"the victim was interrupted at call {interrupted}, not {ARMED}")
         check.check(ended == (ARMED + 1, "CommunicatorBrokenError"),
