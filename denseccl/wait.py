@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from . import config
 from .errors import timeout_error
@@ -26,26 +26,35 @@ class Waiting:
     """This process's waiting policy (one for the whole process: whether a peer shares this
     rank's core is a fact of the host, not of a communicator)."""
 
-    __slots__ = ("crowded", "doorbells")
+    __slots__ = ("crowded", "doorbells", "_live")
 
     def __init__(self) -> None:
         #: the host's ranks share cores: never poll more than a burst without giving the core up
         self.crowded = False
-        #: where crowded waits sleep (an object with ``size``, ``ring()``, ``doze(test)`` and
-        #: ``retire()``: denseccl/board/doorbell.py), or None: they yield
+        #: where crowded waits sleep (an object with ``size``, ``ring()`` and ``doze(test)``:
+        #: denseccl/board/doorbell.py), the largest set of a live communicator, or None: they yield
         self.doorbells: Any = None
+        #: every live communicator's doorbells: a rank rings them all, so that a peer asleep on
+        #: any of them wakes
+        self._live: List[Any] = []
 
     def note(self, crowded: bool, doorbells: Any = None) -> None:
         """Record what bootstrap found, unless ``DENSECCL_WAIT`` says otherwise. Only ever
         turns crowding on: a sub-communicator's ranks compete for the cores with every other
-        rank of the host. ``doorbells``: the host's (the largest set wins)."""
+        rank of the host. ``doorbells``: its communicator's, until :meth:`forget`."""
         policy = config.settings().wait
         self.crowded = policy == "yield" or (policy == "auto" and (self.crowded or crowded))
-        larger = doorbells is not None and (self.doorbells is None or doorbells.size >= self.doorbells.size)
-        if policy == "auto" and larger:
-            if self.doorbells is not None:
-                self.doorbells.retire()
-            self.doorbells = doorbells
+        if policy == "auto" and doorbells is not None:
+            self._live.append(doorbells)
+            self._choose()
+
+    def forget(self, doorbells: Any) -> None:
+        """A communicator closed: its doorbells (and the memory behind them) go."""
+        self._live = [live for live in self._live if live is not doorbells]
+        self._choose()
+
+    def _choose(self) -> None:
+        self.doorbells = max(self._live, key=lambda live: live.size, default=None)
 
     def spins(self, spins: int) -> int:
         """How many of ``spins`` polls a caller may make before it gives the core up."""
@@ -53,8 +62,9 @@ class Waiting:
 
     def ring(self) -> None:
         """Wake the peers that sleep on their doorbells (crowded hosts; else nothing)."""
-        if self.crowded and self.doorbells is not None:
-            self.doorbells.ring()
+        if self.crowded:
+            for doorbells in self._live:
+                doorbells.ring()
 
 
 #: this process's waiting policy

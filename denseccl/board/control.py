@@ -38,9 +38,11 @@ class SharedControl(ControlChannel):
 
     def __init__(
         self, inner: ControlChannel, board: Optional[Board], leaders: Optional[ControlChannel], layout: Layout,
-        make_leaders: Leaders, sleepy: bool = False,
+        make_leaders: Leaders, sleepy: bool = False, doorbells: Any = None,
     ) -> None:
         self.inner = inner
+        #: this communicator's doorbells (in its board's segment), forgotten at close
+        self.doorbells = doorbells
         self.rank, self.size = inner.rank, inner.size
         self.board = board
         self.leaders = leaders
@@ -112,11 +114,13 @@ class SharedControl(ControlChannel):
         self.inner.abort(message)
 
     def close(self) -> None:
+        WAITING.forget(self.doorbells)
         for part in (self.board, self.leaders, self.inner):
             if part is not None:
                 part.close()
 
     def retire(self) -> None:
+        WAITING.forget(self.doorbells)  # a wait still in flight then yields instead of dozing here
         for part in (self.board, self.leaders, self.inner):
             if part is not None:
                 part.retire()
@@ -124,7 +128,7 @@ class SharedControl(ControlChannel):
 
 def open_shared(
     inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders, sleepy: bool = False,
-    data_bytes: int = 0,
+    data_bytes: Optional[Callable[[int], int]] = None,
 ) -> ControlChannel:
     """The control channel for the ranks of ``inner`` (collective over it): a
     :class:`SharedControl` where every rank can use a board, else ``inner`` itself. Judges
@@ -137,8 +141,9 @@ def open_shared(
     transfer: a 4 KiB call took 5 ms instead of 0.7 ms on a loaded 2-core machine
     (docs/benchmark.md).
 
-    ``data_bytes``: where the ranks all share one host, the board's data area of that size for
-    the transport's small calls (``Board.data``; :meth:`SharedControl.host_data`)."""
+    ``data_bytes``: where the ranks all share one host, the size of the board's data area for
+    the transport's small calls, given the host path's limit the ranks agreed on (``Board.data``;
+    :meth:`SharedControl.host_data`; none where the limit is 0)."""
     if inner.size == 1:
         return inner
     layout = exchange_about(inner, deadline)
@@ -149,14 +154,14 @@ def open_shared(
         return inner
     # across hosts a rank's board wait lasts its leader's network round: it sleeps, never spins
     one_host = len(layout.hosts) == 1
-    ok, board = open_host_board(inner, layout, deadline, sleepy or not one_host, data_bytes if one_host else 0)
+    area = data_bytes(layout.host_path) if data_bytes is not None and one_host and layout.host_path else 0
+    ok, board, doorbells = open_host_board(inner, layout, deadline, sleepy or not one_host, area)
     if not ok:
-        log.info("agreement step: %s; a host's board could not be mapped", inner.path())
         return inner
     leaders = None
     if len(layout.hosts) > 1:
         leaders = make_leaders(inner, layout.leaders[layout.mine] == inner.rank, deadline)
-    control = SharedControl(inner, board, leaders, layout, make_leaders, sleepy)
+    control = SharedControl(inner, board, leaders, layout, make_leaders, sleepy, doorbells)
     log.info("agreement step: %s", control.path())
     return control
 

@@ -57,7 +57,7 @@ class Doorbells:
     """The doorbells of one host's ``size`` ranks in shared ``memory`` at ``address``
     (``size * WORDS`` 32-bit words, zeroed); ``fence``: the full memory barrier between raising
     a flag and testing (the page provider's: ``Win.Sync``, or fence.py's); ``owner``: what
-    provides the page (its ``retire()`` is called when these doorbells are replaced)."""
+    provides the page, kept as long as these doorbells (an MPI window)."""
 
     def __init__(
         self,
@@ -107,9 +107,3 @@ class Doorbells:
             return False
         finally:
             words[mine + 1] = 0
-
-    def retire(self) -> None:
-        """Stop using these doorbells (local: the page stays mapped, a peer may still ring)."""
-        owner, self._owner = self._owner, None
-        if owner is not None:
-            owner.retire()

@@ -5,26 +5,32 @@ share nothing else; the agreement step would then be a gloo round trip or four s
 per call. Once, when a communicator is made, its ranks exchange over its control channel
 (whose own setup went through the store) who they are:
 
-- their host: the host name, the boot id (``/proc/sys/kernel/random/boot_id``) and the identity
-  of the /dev/shm they see (segment.py): ranks share a board only when all three agree, so
-  containers or simulated hosts with a /dev/shm of their own are told apart;
+- their host: the host name, the boot id (``/proc/sys/kernel/random/boot_id``) and their network
+  namespace, where the hand-over socket lives (segment.py): ranks share a board only when all
+  three agree, so containers or simulated hosts with a network of their own are told apart;
 - their placement (affinity mask, cgroup quota: cores.py) for the crowded judgement;
-- what they can do: boards on (``DENSECCL_SHARED_AGREEMENT``), a fence (fence.py), a futex.
+- what they can do: boards on (``DENSECCL_SHARED_AGREEMENT``), a fence (fence.py), a futex, and
+  the host path's limit (``DENSECCL_HOST_PATH``: the smallest wins).
 
-Then the first rank of each host creates the host's segment (segment.py) and passes its name
-in a second exchange; every other rank of the host maps it; a third exchange says that every
-rank attached, and the name is unlinked at once (on an error too). Every decision is made from
-what every rank sent, so every rank takes the same path: boards on every host, or none.
+Then the first rank of each host makes the host's segment (segment.py) and announces its socket
+in a second exchange; every other rank of the host connects and says so in a third; the first
+rank hands the segment to each, and a fourth exchange says that every rank mapped it. A segment
+that cannot be made (no memory for its data area: it is made without one; none at all), handed
+over or mapped is "no shared memory" on every rank of every host, which then agree through the
+channel given. Every decision is made from what every rank sent, so every rank takes the same
+path: boards on every host, or none.
 """
 
 from __future__ import annotations
 
 import json
 import mmap
+import os
 import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import config, log
 from ..backends.base import ControlChannel
 from ..wait import WAITING
 from . import segment
@@ -50,15 +56,16 @@ def _boot_id() -> str:
 def about_me() -> Dict[str, Any]:
     """What this rank tells its peers at setup."""
     placement = local_placement()
-    shm = segment.identity() if segment.available() else ""
+    network = segment.identity() if segment.available() else ""
     return {
         "host": socket.gethostname(),
-        "where": f"{_boot_id()}/{shm}" if shm else "",
+        "where": f"{_boot_id()}/{network}" if network else "",
         "cpus": sorted(placement.cpus),
         "cgroup": placement.cgroup,
         "limit": placement.limit,
-        "board": usable_here() and page_fence() is not None and bool(shm),
+        "board": usable_here() and page_fence() is not None and bool(network),
         "futex": futex_call() is not None,
+        "host_path": config.settings().host_path,
     }
 
 
@@ -76,6 +83,8 @@ class Layout:
     crowded: Tuple[bool, ...]
     #: per host: whether every rank of it has a futex
     futex: Tuple[bool, ...]
+    #: the host path's limit in bytes, the smallest any rank asked for (0: off)
+    host_path: int = 0
 
     @property
     def ranks(self) -> Tuple[int, ...]:
@@ -102,59 +111,110 @@ def plan(entries: Sequence[Dict[str, Any]], rank: int) -> Layout:
         for members in hosts
     )
     futex = tuple(all(entries[r]["futex"] for r in members) for members in hosts)
-    return Layout(hosts, mine, all(entry["board"] for entry in entries), crowded, futex)
+    host_path = min(int(entry.get("host_path", 0)) for entry in entries)
+    return Layout(hosts, mine, all(entry["board"] for entry in entries), crowded, futex, host_path)
 
 
 def open_host_board(
     channel: ControlChannel, layout: Layout, deadline: Optional[float], sleepy: bool = False, data_bytes: int = 0
-) -> Tuple[bool, Optional[Board]]:
-    """Over ``channel`` (collective): every host's segment, created by its first rank, mapped by
-    the others, unlinked once all have. ``(ok, board)``: ok on every rank or on none; the board
-    is None on a rank alone on its host. Records the host's crowding (and its doorbells) in
-    ``wait.WAITING``; ``sleepy``: wait as on a crowded host whatever the judgement (see
-    control.open_shared). ``data_bytes``: the size of the board's data area (``Board.data``,
-    page-aligned, after the page and the doorbells; none when 0)."""
+) -> Tuple[bool, Optional[Board], Optional[Doorbells]]:
+    """Over ``channel`` (collective): every host's segment, made by its first rank and handed
+    to the others (module docstring). ``(ok, board, doorbells)``: ok on every rank or on none;
+    the board is None on a rank alone on its host. Records the host's crowding (and its
+    doorbells, which the caller forgets at close) in ``wait.WAITING``; ``sleepy``: wait as on a
+    crowded host whatever the judgement (see control.open_shared). ``data_bytes``: the size of
+    the board's data area wanted (``Board.data``, page-aligned, after the page and the doorbells;
+    the segment is made without one where there is no room for it)."""
     ranks = layout.ranks
     local, size = ranks.index(channel.rank), len(ranks)
     crowded = layout.crowded[layout.mine] or sleepy
     bells = page_bytes(size) + size * WORDS * 4
     data_start = -(-bells // PAGE) * PAGE
-    nbytes = data_start + data_bytes if data_bytes else bells
-    fence = page_fence()
     made: Optional[segment.Segment] = None
-    name: Optional[str] = None
+    handout: Optional[segment.Handout] = None
+    connection: Optional[socket.socket] = None
+    failure = ""
     try:
         if size > 1 and local == 0:
-            made = segment.Segment.create(nbytes)
-            name = made.name
-        names = channel.allgather_bytes((name or "").encode(), deadline)
-        ok = True
+            handout, data_bytes, failure = _handout(bells, data_start, data_bytes, size)
+            if handout is not None:
+                made = segment.Segment.map_descriptor(handout.descriptor, _total(bells, data_start, data_bytes))
+        announced = f"{handout.name} {data_bytes}" if handout is not None else ""
+        names = channel.allgather_bytes(announced.encode(), deadline)
         if size > 1 and local != 0:
-            name = names[ranks[0]].decode()
+            name, _, area = names[ranks[0]].decode().partition(" ")
+            data_bytes = int(area or 0)
             try:
-                made = segment.Segment.attach(name, nbytes)
-            except OSError:
-                ok = False
-        every = channel.allgather_bytes(b"1" if ok else b"0", deadline)
+                connection = segment.connect(name) if name else None
+            except OSError as error:
+                failure = f"cannot reach the host's first rank: {error}"
+        if size > 1:
+            failure = failure or ("" if names[ranks[0]] else "the host's first rank made no segment")
+        connected = channel.allgather_bytes(b"" if failure else b"1", deadline)
+        if handout is not None:
+            try:
+                handout.give(sum(1 for r in ranks[1:] if connected[r]), deadline)
+            except OSError as error:
+                failure = f"cannot hand the segment over: {error}"
+            finally:
+                handout.close()  # a peer still waiting then reads the end of its connection
+                handout = None
+        if connection is not None:
+            try:
+                made = segment.receive(connection, _total(bells, data_start, data_bytes), deadline)
+            except OSError as error:
+                failure = f"cannot map the segment handed over: {error}"
+            connection = None
+        every = channel.allgather_bytes(failure.encode(), deadline)
     finally:
-        segment.unlink(name)  # every rank of the host has attached, or the setup failed
-    if not all(flag == b"1" for flag in every):
+        if handout is not None:
+            handout.close()
+        if connection is not None:
+            connection.close()
+    reasons = sorted({reason.decode() for reason in every if reason})
+    if reasons:
         if made is not None:
             made.close()
-        return False, None
+        (log.warning if channel.rank == 0 else log.info)(
+            "no shared memory for the agreement board (%s): the agreement step goes over %s instead",
+            "; ".join(reasons), channel.path())
+        return False, None, None
     if made is None:
         WAITING.note(crowded)
-        return True, None
+        return True, None, None
+    fence = page_fence()
     assert fence is not None  # layout.usable: every rank has one
-    data = made.view(data_start, nbytes) if data_bytes else None
+    data = made.view(data_start, data_start + data_bytes) if data_bytes else None
     board = Board(made.view(0, page_bytes(size)), local, size, crowded, fence, owner=made, data=data)
     doorbells = None
     futex = futex_call()
     if crowded and layout.futex[layout.mine] and futex is not None:
         start = page_bytes(size)
-        doorbells = Doorbells(made.view(start, bells), made.address + start, local, size, futex, fence, made)
+        doorbells = Doorbells(made.view(start, bells), made.address + start, local, size, futex, fence)
     WAITING.note(crowded, doorbells)
-    return True, board
+    return True, board, doorbells
+
+
+def _total(bells: int, data_start: int, data_bytes: int) -> int:
+    """A segment's size: the page and the doorbells, then the data area on pages of its own."""
+    return data_start + data_bytes if data_bytes else bells
+
+
+def _handout(bells: int, data_start: int, data_bytes: int, size: int) -> Tuple[Optional[segment.Handout], int, str]:
+    """The host's segment, ready to hand over: ``(handout, data bytes, why none)``. Without its
+    data area where there is no room for it (one log line), None where there is none at all."""
+    try:
+        descriptor = segment.Segment.make(_total(bells, data_start, data_bytes))
+    except OSError as error:
+        if not data_bytes:
+            return None, 0, f"no memory for a segment of {bells} bytes: {error}"
+        log.warning("the host path is off: no memory for its %d bytes of shared memory (%s)", data_bytes, error)
+        return _handout(bells, data_start, 0, size)
+    try:
+        return segment.Handout(descriptor, size), data_bytes, ""
+    except OSError as error:
+        os.close(descriptor)
+        return None, 0, f"no socket to hand the segment over: {error}"
 
 
 def exchange_about(channel: ControlChannel, deadline: Optional[float]) -> Layout:

@@ -35,11 +35,10 @@ def torchrun(n: int, scenario: str, crowded: bool = False, **kwargs: object):
 
 
 def left_of(output: str) -> Sequence[str]:
-    """The segments that this job's ranks (their pids, as printed) left in /dev/shm."""
-    pids = set(re.findall(r"\[board-pid\] (\d+)", output))
-    assert pids, output
-    return [name for name in os.listdir(segment.SHM) if name.startswith(segment.PREFIX)
-            and name[len(segment.PREFIX):].split("-")[0] in pids]
+    """Anything of denseccl's in /dev/shm after this job's ranks (as printed) ran: nothing ever,
+    since segments have no name, whichever way the job ended."""
+    assert re.findall(r"\[board-pid\] (\d+)", output), output
+    return [name for name in os.listdir("/dev/shm") if name.startswith(segment.PREFIX)]
 
 
 @pytest.mark.parametrize("crowded", [False, True], ids=["own-cores", "taskset-c0"])

@@ -20,7 +20,7 @@ from denseccl.board.control import SharedControl, open_shared
 from denseccl.errors import CommunicatorBrokenError
 from denseccl.wait import WAITING
 
-needs_shm = pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")
+needs_shm = pytest.mark.skipif(not segment.available(), reason="no memfd_create or socket.send_fds here")
 
 
 @pytest.fixture(autouse=True)
@@ -28,11 +28,16 @@ def waiting_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Threads sharing a board may judge this process crowded (wait.WAITING): undone after each test."""
     monkeypatch.setattr(WAITING, "crowded", WAITING.crowded)
     monkeypatch.setattr(WAITING, "doorbells", WAITING.doorbells)
+    monkeypatch.setattr(WAITING, "_live", list(WAITING._live))
 
 
 def mine() -> set:
-    """This process's segments in /dev/shm now."""
-    return {name for name in os.listdir(segment.SHM) if name.startswith(f"{segment.PREFIX}{os.getpid()}-")}
+    """This process's memfd segments now (their descriptors and mappings), and anything of
+    denseccl's in /dev/shm (never: segments have no name)."""
+    shm = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[0] for line in maps if "/memfd:denseccl" in line}
+    return {name for name in shm if name.startswith(segment.PREFIX)} | mapped
 
 
 class Meeting:
@@ -88,38 +93,63 @@ def together(size: int, work: Any) -> List[Any]:
 
 
 @needs_shm
-def test_a_segment_is_private_unguessable_and_refuses_links(tmp_path: Any) -> None:
-    made = segment.Segment.create(4096)
+def test_a_segment_is_handed_over_with_no_name_anywhere() -> None:
+    """The creator's memfd reaches a peer over the abstract socket: one memory, zeroed, nothing
+    in /dev/shm; a receiver refuses a descriptor of another size; a name that is not a
+    segment's is refused; a closed hand-over ends a waiting peer's receive with OSError."""
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    descriptor = segment.Segment.make(8192)
+    handout = segment.Handout(descriptor, 2)
     try:
-        path = os.path.join(segment.SHM, made.name)
-        info = os.lstat(path)
-        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
-        assert segment.NAME.match(made.name) and len(made.name.rsplit("-", 1)[1]) == 32
-        assert bytes(made.map[:4096]) == bytes(4096)  # zeroed
-        other = segment.Segment.attach(made.name, 4096)
-        made.map[0] = 7
-        assert other.map[0] == 7  # one memory
-        with pytest.raises(OSError):
-            segment.Segment.attach(made.name, 8192)  # not the size a peer made
-        other.close()
+        assert len(handout.name) == len(segment.PREFIX) + 32
+        first, second = segment.connect(handout.name), segment.connect(handout.name)
+        handout.give(2, time.monotonic() + 10)
+        made = segment.Segment.map_descriptor(descriptor, 8192)
+        other = segment.receive(first, 8192, time.monotonic() + 10)
+        with pytest.raises(OSError, match="not the segment announced"):
+            segment.receive(second, 4096, time.monotonic() + 10)
+        late = segment.connect(handout.name)
     finally:
-        segment.unlink(made.name)
-    assert made.name not in os.listdir(segment.SHM)
-    made.map[1] = 9  # the mapping outlives the name
-    assert made.map[1] == 9
+        handout.close()
+    with pytest.raises(OSError):
+        segment.receive(late, 8192, time.monotonic() + 10)
+    assert bytes(made.map[:8192]) == bytes(8192)  # zeroed
+    made.map[0] = 7
+    assert other.map[0] == 7  # one memory
+    if os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) <= before  # no name: nothing to leave behind
+    view = other.view(0, 8)
+    other.close()  # a view is left: the mapping stays until it goes
+    assert view[0] == 7
+    view.release()
     made.close()
-    # a link planted under a segment's name is never followed
-    target = tmp_path / "elsewhere"
-    target.write_bytes(bytes(4096))
-    planted = f"{segment.PREFIX}{os.getpid()}-{'ab' * 16}"
-    os.symlink(target, os.path.join(segment.SHM, planted))
-    try:
-        with pytest.raises(OSError):
-            segment.Segment.attach(planted, 4096)
-    finally:
-        os.unlink(os.path.join(segment.SHM, planted))
     with pytest.raises(OSError, match="not a denseccl segment"):
-        segment.Segment.attach("../etc/passwd", 4096)
+        segment.connect("../etc/passwd")
+
+
+@needs_shm
+def test_a_segment_reserves_its_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """posix_fallocate runs when a segment is made (no room is an OSError then, not SIGBUS at
+    the first write); its failure closes the descriptor."""
+    sizes: List[int] = []
+    real = os.posix_fallocate
+
+    def fallocate(descriptor: int, offset: int, length: int) -> None:
+        sizes.append(length)
+        real(descriptor, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    os.close(segment.Segment.make(12288))
+    assert sizes == [12288]
+
+    def full(descriptor: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    open_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No space"):
+        segment.Segment.make(4096)
+    assert len(os.listdir("/proc/self/fd")) == open_before
 
 
 def test_the_fence_is_refused_where_it_would_be_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,15 +199,13 @@ def test_threads_meet_on_one_board_and_leave_nothing(size: int) -> None:
         answers = [control.all_equal(11, False, time.monotonic() + 30) for _ in range(50)]
         answers.append(control.all_equal(11 + (channel.rank == size - 1), False, time.monotonic() + 30))
         answers.append(control.all_equal(3, channel.rank == 0, time.monotonic() + 30))
-        left = mine() - before  # unlinked once every rank attached: nothing named is left already
         control.close()
-        return answers, channel.exchanges, left
+        return answers, channel.exchanges
 
-    for answers, exchanges, left in together(size, work):
+    for answers, exchanges in together(size, work):
         assert answers == [SAME] * 50 + [DIFFERENT, DIFFERENT]
-        assert exchanges == 3  # who we are, the segment's name, everyone attached
-        assert left == set()
-    assert mine() == before
+        assert exchanges == 4  # who we are, the segment's socket, everyone connected, everyone mapped
+    assert mine() == before  # closed: unmapped, nothing named anywhere
 
 
 @needs_shm

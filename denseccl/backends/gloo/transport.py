@@ -24,7 +24,7 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
-from ... import config, log
+from ... import log
 from ...board.control import SharedControl, open_shared
 from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
@@ -367,14 +367,14 @@ def open_gloo(
     data = make_group(store, f"{prefix}data/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     control = make_group(store, f"{prefix}control/", rank, size, timeout, "the gloo engine's bootstrap", deadline)
     transport = GlooTransport(data, store, f"{prefix}data/", timeout)
-    limit = config.settings().host_path
     # gloo's threads move the data: agreement waits leave them the cores (open_shared's sleepy)
     channel = open_shared(
         GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True,
-        data_bytes=area_bytes(limit, size) if limit else 0,
+        data_bytes=lambda limit: area_bytes(limit, size),
     )
     board = channel.host_data() if isinstance(channel, SharedControl) else None
     if board is not None:
+        limit = channel.layout.host_path  # type: ignore[attr-defined]  # the smallest of every rank's
         transport.host = HostPath(board, limit)
         log.info("gloo engine: repeated allreduce, reduce and broadcast of up to %d bytes through this host's "
                  "shared memory (DENSECCL_HOST_PATH)", limit)

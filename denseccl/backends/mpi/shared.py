@@ -111,8 +111,16 @@ def host_crowded(comm: Any) -> bool:
         doorbells = open_doorbells(node) if found and node.Get_size() > 1 else None
     finally:
         node.Free()
+    if doorbells is not None:  # one MPI set at a time: a window cannot be freed alone, its use can
+        for earlier in _NOTED:
+            WAITING.forget(earlier)
+        _NOTED[:] = [doorbells]
     WAITING.note(found, doorbells)
     return found
+
+
+#: the doorbells host_crowded noted last
+_NOTED: List[Doorbells] = []
 
 
 __all__ = ["RETIRED", "WindowOwner", "host_crowded", "open_board", "open_doorbells", "shared_window"]

@@ -1,0 +1,123 @@
+"""The board's shared memory under the conditions users meet, on real ranks under torchrun.
+
+usage: shared_memory.py full | unmade | churn N
+
+- full: run in a private mount namespace whose /dev/shm is a tiny tmpfs that another process
+  filled (tests/torch/test_shared_memory.py): ``init_process_group("denseccl")``, repeated small
+  all_reduces (the host path), a 1 MiB one and a broadcast give the right values; the board and
+  the host path are in use (their memory needs no room in /dev/shm). Before segments were
+  memfds, both ranks died of SIGBUS at the first write.
+- unmade: the host's first rank cannot make a segment (``memfd_create`` fails with ENOMEM, as
+  where memory is short): every rank falls back to gloo's round together, with results right.
+- churn N: N communicators made and closed, each through ``denseccl.init`` and through torch's
+  ``new_group``/``destroy_process_group``: this process's mappings, descriptors and segments
+  stay flat (the same after the last as after the first few).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Any, Tuple
+
+import torch
+import torch.distributed as dist
+
+import denseccl
+import denseccl.torch  # noqa: F401 - registers the backend
+from denseccl.board.control import SharedControl
+from tests.support.checker import Checker
+
+
+def calls(check: Checker, comm: Any, rank: int, size: int, name: str) -> None:
+    """Repeated small in-place all_reduces (the host path from the second on), a 1 MiB one and a
+    broadcast, each against every rank's inputs."""
+    total = size * (size + 1) / 2
+    for round_ in range(5):
+        x = torch.full((64,), float(rank + 1 + round_))
+        comm.allreduce(x)
+        check.check(torch.equal(x, torch.full((64,), total + size * round_)), f"{name}: small call {round_}: {x[:3]}")
+    big = torch.full((1 << 18,), float(rank + 1))
+    comm.allreduce(big)
+    check.check(torch.equal(big, torch.full((1 << 18,), total)), f"{name}: 1 MiB all_reduce gave {big[:3]}")
+    y = torch.full((1000,), float(rank))
+    comm.broadcast(y, root=size - 1)
+    check.check(torch.equal(y, torch.full((1000,), float(size - 1))), f"{name}: broadcast gave {y[:3]}")
+
+
+def full(check: Checker, rank: int, size: int) -> None:
+    room = os.statvfs("/dev/shm")
+    check.check(room.f_bavail * room.f_frsize < 64 * 1024, "this job's /dev/shm is not full")
+    dist.init_process_group("denseccl")
+    x = torch.full((3, 4), float(rank + 1)).t()
+    dist.all_reduce(x)
+    check.check(torch.equal(x, torch.full((4, 3), size * (size + 1) / 2)), f"full: all_reduce gave {x}")
+    comm = denseccl.init(backend="gloo")
+    check.check(isinstance(comm.control, SharedControl) and comm.control.board is not None,
+                f"full: no board: {comm.control!r}")
+    check.check(comm.transport.host is not None, "full: no host path")
+    calls(check, comm, rank, size, "full")
+    comm.close()
+    dist.destroy_process_group()
+
+
+def unmade(check: Checker, rank: int, size: int) -> None:
+    def no_memory(*_: Any) -> int:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    if rank == 0:  # the host's first rank makes the segment
+        os.memfd_create = no_memory  # type: ignore[assignment]
+    comm = denseccl.init(backend="gloo")
+    check.check(not isinstance(comm.control, SharedControl), f"unmade: a board on rank {rank}: {comm.control!r}")
+    check.check(comm.transport.host is None, "unmade: a host path without a segment")
+    calls(check, comm, rank, size, "unmade")
+    comm.close()
+
+
+def footprint() -> Tuple[int, int, int]:
+    """This process's mappings, open descriptors and mapped memfd segments."""
+    with open("/proc/self/maps") as maps:
+        lines = maps.readlines()
+    return len(lines), len(os.listdir("/proc/self/fd")), sum("/memfd:denseccl" in line for line in lines)
+
+
+def churn(check: Checker, rank: int, size: int, rounds: int) -> None:
+    dist.init_process_group("denseccl")
+    marks = []
+    for round_ in range(rounds):
+        comm = denseccl.init(backend="gloo")
+        x = torch.full((16,), float(rank + 1))
+        for _ in range(2):  # the second is the host path: its slots are views of the segment
+            comm.allreduce(x)
+        comm.close()
+        group = dist.new_group(list(range(size)), backend="denseccl")
+        y = torch.ones(16)
+        dist.all_reduce(y, group=group)
+        dist.destroy_process_group(group)
+        check.check(float(x[0]) == size * (size + 1) / 2 * size and float(y[0]) == size, f"churn: round {round_}")
+        if round_ in (4, rounds - 1):
+            marks.append(footprint())
+    first, last = marks
+    check.check(last[2] <= first[2] <= 2, f"churn: mapped segments {first[2]} after 5 rounds, {last[2]} at the end")
+    check.check(last[0] <= first[0] + 8, f"churn: mappings grew from {first[0]} to {last[0]} in {rounds} rounds")
+    check.check(last[1] <= first[1] + 4, f"churn: descriptors grew from {first[1]} to {last[1]} in {rounds} rounds")
+    print(f"[footprint] rank {rank}: after 5 rounds {first}, after {rounds} {last}", flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    scenario = sys.argv[1]
+    check = Checker(f"shm-{scenario}", rank, size)
+    if scenario == "full":
+        full(check, rank, size)
+    elif scenario == "unmade":
+        unmade(check, rank, size)
+    else:
+        churn(check, rank, size, int(sys.argv[2]))
+    check.done()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The board's shared memory where /dev/shm is full, where no segment can be made, and under
+communicator churn, on real ranks under torchrun (tests/torch/ranks/shared_memory.py)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from denseccl.board import segment
+from tests.support.checker import expect_passed
+from tests.torch.launchers import run
+
+PROGRAM = Path(__file__).parent / "ranks" / "shared_memory.py"
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(not segment.available(), reason="no memfd_create here")]
+
+
+def torchrun(n: int, *args: str) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), str(PROGRAM),
+            *args]
+
+
+def private_mounts() -> bool:
+    """Whether this process may mount a tmpfs in a mount namespace of its own (root, unshare)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "mount", "-t", "tmpfs", "-o", "size=64k",
+                            "tmpfs", "/mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not private_mounts(), reason="needs root and unshare to mount a tmpfs of its own")
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_full_dev_shm(n: int) -> None:
+    """A 1 MiB /dev/shm that another process filled (as a DataLoader fills Docker's 64 MiB):
+    before segments were memfds every rank died of SIGBUS at its first collective."""
+    job = " ".join(shlex.quote(part) for part in torchrun(n, "full"))
+    script = ("mount -t tmpfs -o size=1m tmpfs /dev/shm && (head -c 2097152 /dev/zero > /dev/shm/filler || true) "
+              f"&& exec {job}")
+    done = run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], timeout=180)
+    expect_passed(done, n)
+
+
+def test_no_segment_can_be_made() -> None:
+    done = run(torchrun(2, "unmade"), timeout=180)
+    expect_passed(done, 2)
+    assert "no shared memory for the agreement board" in done.stderr + done.stdout
+
+
+def test_communicator_churn_keeps_memory_flat() -> None:
+    done = run(torchrun(2, "churn", "150"), timeout=400)
+    expect_passed(done, 2)
