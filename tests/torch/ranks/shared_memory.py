@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import denseccl
-import denseccl.torch  # noqa: F401 - registers the backend
+import denseccl.torch
 from denseccl.board.control import SharedControl
 from tests.support.checker import Checker
 
