@@ -51,6 +51,12 @@ SLEEP_AFTER_SECONDS = 0.05
 SLEEP_SECONDS = 0.0002
 #: the longest a rank asleep on its doorbell goes without testing (a missed wake-up costs this)
 NAP_SECONDS = 0.0002
+#: a wait that has lasted this long is for a stopped or busy peer: from then on it sleeps
+#: :data:`IDLE_SECONDS` between tests, or :data:`IDLE_NAP_SECONDS` on its doorbell where the
+#: host has them (a ring ends that sleep at once), so that a stopped peer costs under 1% of a core
+IDLE_AFTER_SECONDS = 1.0
+IDLE_SECONDS = 0.01
+IDLE_NAP_SECONDS = 0.05
 #: prepared calls kept per communicator (the cache of repeated geometries) before it starts over
 PREPARED_CALLS = 512
 #: persistent MPI requests kept per communicator (the oldest is freed past this)

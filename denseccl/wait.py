@@ -149,8 +149,31 @@ def wait_until(
         now = time.monotonic()
         if deadline is not None and now > deadline:
             raise timeout_error(what)
+        if now - started > config.IDLE_AFTER_SECONDS:
+            _idle(test, deadline, what, watch, doorbells)
+            return
         if doorbells is None and now - started > config.SLEEP_AFTER_SECONDS:
             time.sleep(config.SLEEP_SECONDS)
+
+
+def _idle(
+    test: Test, deadline: Optional[float], what: str, watch: Optional[Callable[[], None]], doorbells: Any
+) -> None:
+    """The rest of a wait that has lasted :data:`config.IDLE_AFTER_SECONDS`: a test, then a
+    sleep (on the doorbell where there is one: a ring ends it), until ``test()`` or the deadline."""
+    while True:
+        if doorbells is not None:
+            if doorbells.doze(test, True):
+                break
+        elif test():
+            break
+        else:
+            time.sleep(config.IDLE_SECONDS)
+        if watch is not None:
+            watch()
+        if deadline is not None and time.monotonic() > deadline:
+            raise timeout_error(what)
+    WAITING.ring()  # a peer may sleep waiting for what this completion did
 
 
 __all__ = ["WAITING", "Test", "Waiting", "deadline_after", "soon", "wait_until"]

@@ -38,6 +38,11 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
 
 
+def _timespec(seconds: float) -> _Timespec:
+    whole = int(seconds)
+    return _Timespec(whole, int((seconds - whole) * 1e9))
+
+
 def futex_call() -> Optional[Callable[..., int]]:
     """``syscall`` bound to the futex call, or None where this system has none we know."""
     number = FUTEX_SYSCALL.get(platform.machine().lower())
@@ -78,8 +83,7 @@ class Doorbells:
         self._owner = owner
         self._mine = rank * WORDS
         self._peers = tuple(peer * WORDS for peer in range(size) if peer != rank)
-        seconds = int(config.NAP_SECONDS)
-        self._nap = _Timespec(seconds, int((config.NAP_SECONDS - seconds) * 1e9))
+        self._naps = tuple(_timespec(nap) for nap in (config.NAP_SECONDS, config.IDLE_NAP_SECONDS))
 
     def ring(self) -> None:
         """Wake every peer that sleeps (cheap when none does: a barrier and a read per peer)."""
@@ -90,8 +94,9 @@ class Doorbells:
                 words[peer] += 1
                 self._futex(ctypes.c_void_p(self._address + 4 * peer), _FUTEX_WAKE, 1 << 30, None, None, 0)
 
-    def doze(self, test: Callable[[], bool]) -> bool:
-        """Sleep until a peer rings or the nap ends, unless ``test()`` is already true (tested
+    def doze(self, test: Callable[[], bool], idle: bool = False) -> bool:
+        """Sleep until a peer rings or the nap ends (:data:`config.IDLE_NAP_SECONDS` where ``idle``,
+        else :data:`config.NAP_SECONDS`), unless ``test()`` is already true (tested
         after the flag is up: a peer that makes it true afterwards sees the flag and rings).
         Returns the last test's result (False after a sleep). It rings no peer: two ranks that
         both wait for a third would otherwise wake each other over and over; the caller rings
@@ -103,7 +108,8 @@ class Doorbells:
         try:
             if test():
                 return True
-            self._futex(ctypes.c_void_p(self._address + 4 * mine), _FUTEX_WAIT, rings, ctypes.byref(self._nap), None, 0)
+            nap = ctypes.byref(self._naps[idle])
+            self._futex(ctypes.c_void_p(self._address + 4 * mine), _FUTEX_WAIT, rings, nap, None, 0)
             return False
         finally:
             words[mine + 1] = 0

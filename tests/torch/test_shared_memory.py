@@ -56,3 +56,14 @@ def test_no_segment_can_be_made() -> None:
 def test_communicator_churn_keeps_memory_flat() -> None:
     done = run(torchrun(2, "churn", "150"), timeout=400)
     expect_passed(done, 2)
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["own-cores", "taskset-c0"])
+def test_waiting_for_a_stopped_peer_is_idle(crowded: bool) -> None:
+    command = torchrun(2, "stopped")
+    if crowded:
+        if shutil.which("taskset") is None:
+            pytest.skip("taskset is not installed")
+        command = ["taskset", "-c", "0", *command]
+    done = run(command, timeout=120)
+    expect_passed(done, 2)

@@ -1,6 +1,6 @@
 """The board's shared memory under the conditions users meet, on real ranks under torchrun.
 
-usage: shared_memory.py full | unmade | churn N
+usage: shared_memory.py full | unmade | churn N | stopped
 
 - full: run in a private mount namespace whose /dev/shm is a tiny tmpfs that another process
   filled (tests/torch/test_shared_memory.py): ``init_process_group("denseccl")``, repeated small
@@ -12,14 +12,21 @@ usage: shared_memory.py full | unmade | churn N
 - churn N: N communicators made and closed, each through ``denseccl.init`` and through torch's
   ``new_group``/``destroy_process_group``: this process's mappings, descriptors and segments
   stay flat (the same after the last as after the first few).
+- stopped: the last rank stops itself (SIGSTOP) for 6 s while rank 0 waits for it in a
+  call's agreement step; from 1.5 s to 5 s into that wait rank 0 uses under 1% of a core
+  (before waits backed off: about 10%). The call's result is right once the peer resumes.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
 import sys
-from typing import Any, Tuple
+import threading
+import time
+from typing import Any, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -106,6 +113,38 @@ def churn(check: Checker, rank: int, size: int, rounds: int) -> None:
     dist.destroy_process_group()
 
 
+def stopped(check: Checker, rank: int, size: int) -> None:
+    comm = denseccl.init(backend="gloo", timeout=60)
+    x = torch.ones(64)
+    for _ in range(3):
+        comm.allreduce(x)
+        x.fill_(1.0)
+    comm.barrier()
+    if rank == size - 1:
+        subprocess.Popen(["sh", "-c", f"sleep 6; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif rank == 0:
+        samples: List[float] = []
+
+        def sample() -> None:
+            for pause in (1.5, 3.5):
+                time.sleep(pause)
+                samples.append(time.process_time())
+
+        sampler = threading.Thread(target=sample)
+        time.sleep(0.5)  # the peer is stopped by now
+        sampler.start()
+        comm.allreduce(x)
+        sampler.join()
+        share = (samples[1] - samples[0]) / 3.5
+        print(f"[idle] rank 0 used {100 * share:.2f}% of a core waiting for a stopped peer", flush=True)
+        check.check(share < 0.01, f"stopped: waiting for a stopped peer took {100 * share:.1f}% of a core")
+    if rank != 0:
+        comm.allreduce(x)
+    check.check(torch.equal(x, torch.full((64,), float(size))), f"stopped: the call gave {x[:3]}")
+    comm.close()
+
+
 def main() -> None:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     scenario = sys.argv[1]
@@ -114,6 +153,8 @@ def main() -> None:
         full(check, rank, size)
     elif scenario == "unmade":
         unmade(check, rank, size)
+    elif scenario == "stopped":
+        stopped(check, rank, size)
     else:
         churn(check, rank, size, int(sys.argv[2]))
     check.done()
