@@ -5,7 +5,7 @@ denseccl._ring, the flight recorder's record folded into the clock read every ca
 Without a C compiler the install still succeeds: denseccl reduces half types with torch's kernels
 (when torch is imported) or NumPy's (slower), see backends/mpi/host_kernels.py; and without the
 fence, ranks launched without MPI agree through the board only on x86 (whose store order suffices),
-see board/fence.py; and without the ring, the recorder records in Python (about 120 ns more per
+see channel/fence.py; and without the ring, the recorder records in Python (about 120 ns more per
 call, recorder.py). Everything else is in pyproject.toml.
 """
 

@@ -17,7 +17,8 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, NoReturn, Opt
 
 from .errors import MismatchError
 from .layout import LayoutKey
-from .backends.base import ControlChannel, Step
+from .backends.base import Step
+from .channel.base import ControlChannel
 
 #: the fields of a descriptor, as reports name them
 FIELDS = ("collective", "root", "op", "dtype", "shape", "layout")

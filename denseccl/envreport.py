@@ -208,8 +208,8 @@ def backends() -> "OrderedDict[str, Tuple[bool, str]]":
 
 def agreement_paths() -> "OrderedDict[str, str]":
     """How a communicator takes the agreement step here, per kind of launch (docs/design.md)."""
-    from .board import fence, segment  # noqa: PLC0415
-    from .board.board import usable_here  # noqa: PLC0415
+    from .channel import fence, segment  # noqa: PLC0415
+    from .channel.board import usable_here  # noqa: PLC0415
 
     paths: "OrderedDict[str, str]" = OrderedDict()
     if not usable_here():

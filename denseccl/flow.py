@@ -27,7 +27,8 @@ from .agreement import Descriptor, agree, digest
 from .arrays import Buffer, data_pointer
 from .dtypes import DTYPES
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .backends.base import DONE, ControlChannel, Pending, Step, Transport, abandon
+from .backends.base import DONE, Pending, Step, Transport, abandon
+from .channel.base import ControlChannel
 from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until
 from .recorder import recorder_for
@@ -390,10 +391,10 @@ class Flow:
         ``on_timeout="abort"`` a timeout ends the whole job."""
         if self.broken is not None:
             return  # the failure already noted (a wait's handler, then the call's), or closed
-        if isinstance(error, DenseCCLError) and not isinstance(error, _BREAKING):
-            return
         if self.recorder:
             self.recorder.failed(error)
+        if isinstance(error, DenseCCLError) and not isinstance(error, _BREAKING):
+            return
         if isinstance(error, CollectiveTimeoutError):
             self.broken = f"timed out: {error}"
         elif isinstance(error, CommunicatorBrokenError):

@@ -3,7 +3,7 @@ polls) and the process's crowded policy (:data:`WAITING`).
 
 Every wait in denseccl (a transfer, the agreement step, a bootstrap step, the torch adapter's
 progress thread) is :func:`wait_until`. Its shape depends on one fact of the host, recorded in
-:data:`WAITING` by the backend's bootstrap (denseccl/board/cores.py): whether the host's ranks
+:data:`WAITING` by the backend's bootstrap (denseccl/channel/cores.py): whether the host's ranks
 share cores. Uncrowded, a wait polls before it gives the core up, as a peer on another core
 answers within microseconds; crowded, polling only keeps the peer that must run off the core.
 ``DENSECCL_WAIT`` overrides the detection; the tuning constants live in config.py.
@@ -32,7 +32,7 @@ class Waiting:
         #: the host's ranks share cores: never poll more than a burst without giving the core up
         self.crowded = False
         #: where crowded waits sleep (an object with ``size``, ``ring()`` and ``doze(test)``:
-        #: denseccl/board/doorbell.py), the largest set of a live communicator, or None: they yield
+        #: denseccl/channel/doorbell.py), the largest set of a live communicator, or None: they yield
         self.doorbells: Any = None
         #: every live communicator's doorbells: a rank rings them all, so that a peer asleep on
         #: any of them wakes

@@ -14,11 +14,10 @@ keeps whatever a transfer that cannot be cancelled may still touch.
 from __future__ import annotations
 
 import ctypes
-import os
-import sys
 from abc import ABC, abstractmethod
-from typing import Any, Callable, List, Mapping, NoReturn, Optional, Protocol, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+from ..channel.base import ControlChannel
 from ..dtypes import DType
 from ..errors import DenseCCLError
 from ..ops import Op
@@ -190,79 +189,4 @@ class Transport(ABC):
     def retire(self) -> None:
         """Close while a transfer started here may still be running (a Work in flight or
         abandoned): release only what that transfer cannot touch (by default :meth:`close`)."""
-        self.close()
-
-
-class Flag(Protocol):
-    """``flag[0]``: nonzero once a peer gave up (see :meth:`ControlChannel.gave_up_flag`)."""
-
-    def __getitem__(self, index: int) -> int: ...
-
-
-class GaveUpFlag:
-    """A :class:`Flag` that asks a channel's ``peer_gave_up`` each time it is read."""
-
-    __slots__ = ("_ask",)
-
-    def __init__(self, ask: Callable[[], Optional[int]]) -> None:
-        self._ask = ask
-
-    def __getitem__(self, index: int) -> int:
-        return 0 if self._ask() is None else 1
-
-
-class ControlChannel(ABC):
-    """A small host channel between the ranks, for agreement: never a device sync."""
-
-    rank: int
-    size: int
-    #: the shared-memory board that answers the agreement step on this rank's host, or None
-    board: Any = None
-
-    @abstractmethod
-    def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
-        """Element-wise maximum over ranks of a few signed 64-bit integers."""
-
-    @abstractmethod
-    def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
-        """Every rank's ``data``, indexed by rank."""
-
-    def all_equal(self, value: int, invalid: bool, deadline: Optional[float]) -> int:
-        """The agreement step: true on every rank when every rank passed the same ``value`` (a
-        signed 64-bit integer) and none passed ``invalid``, else false (or more: board.py)."""
-        highest, negated_lowest, any_invalid = self.allreduce_max([value, -value, int(invalid)], deadline)
-        return highest == -negated_lowest and not any_invalid
-
-    def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional["ControlChannel"]:
-        """A channel over the ranks that pass the same ``color`` (ordered by ``key``, then rank);
-        None where ``color`` is None. Collective over all ranks."""
-        raise DenseCCLError(f"{type(self).__name__} cannot split into sub-groups")
-
-    def path(self) -> str:
-        """How this channel takes the agreement step, in words (``DENSECCL_DEBUG=INFO``, docs)."""
-        return f"{type(self).__name__} ({self.size} ranks)"
-
-    def give_up(self) -> None:
-        """Tell the peers that this rank abandoned a call (a timeout): their current or next
-        call must fail instead of pairing with it. Local, never blocks, never raises."""
-
-    def peer_gave_up(self) -> Optional[int]:
-        """The rank of a peer that gave up (:meth:`give_up`), or None; cheap (polled in waits)."""
-        return None
-
-    def gave_up_flag(self) -> Flag:
-        """A flag whose ``[0]`` is nonzero once a peer gave up, read after every call."""
-        return GaveUpFlag(self.peer_gave_up)
-
-    def abort(self, message: str) -> NoReturn:
-        """End the whole job at once (``DENSECCL_ON_TIMEOUT=abort``); this process by default."""
-        print(message, file=sys.stderr, flush=True)
-        os._exit(1)
-
-    def close(self) -> None:
-        """Release the channel."""
-
-    def retire(self) -> None:
-        """Close while a transfer of the communicator may still be running (see
-        :meth:`Transport.retire`); by default :meth:`close`."""
         self.close()

@@ -19,9 +19,10 @@ from datetime import timedelta
 from typing import Any, List, Optional, Sequence
 
 from .. import config, log
-from ..board.control import open_shared
+from ..channel.shared import open_shared
 from ..errors import DenseCCLError, timeout_error
-from .base import ControlChannel, is_timeout, split_members
+from ..channel.base import ControlChannel
+from .base import is_timeout, split_members
 
 _MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
 

@@ -34,10 +34,13 @@ def _waits_line(world: Any) -> str:
     """How denseccl waits on this run's hosts (docs/performance-pinning.md). Collective over
     ``world``: the ranks of each host compare their CPUs and cgroup quotas."""
     from ..wait import WAITING  # noqa: PLC0415
-    from ..backends.mpi.shared import host_crowded  # noqa: PLC0415
-    from ..board.cores import local_placement  # noqa: PLC0415
+    from ..backends.mpi.control import MPIControl  # noqa: PLC0415
+    from ..channel.cores import local_placement  # noqa: PLC0415
+    from ..channel.hosts import exchange_about  # noqa: PLC0415
 
-    crowded = host_crowded(world)
+    layout = exchange_about(MPIControl(world), None)
+    crowded = layout.crowded[layout.mine]
+    WAITING.note(crowded)
     limit = local_placement().limit
     quota = f"; rank 0's cgroup quota {limit:g} cores" if limit is not None else ""
     how = "poll briefly, then yield"

@@ -5,7 +5,7 @@ channel that can run in this job, side by side (docs/benchmark.md, "The agreemen
     torchrun --standalone --nproc-per-node 4 -m denseccl.bench.agreement
 
 Contenders, all over the same ranks: ``board`` (the shared-memory board set up over a store,
-denseccl/board/; across hosts a board per host plus one leaders' round), ``leaders`` (that
+denseccl/channel/; across hosts a board per host plus one leaders' round), ``leaders`` (that
 leaders' round alone, timed on the leaders: what the board adds to it across hosts), ``gloo``
 (a gloo allreduce on a group of its own: the gloo engine's channel without boards), ``store``
 (set, wait, multi_get, delete through the store: the NCCL path's channel without boards), and
@@ -26,9 +26,9 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..backends.base import ControlChannel
+from ..channel.base import ControlChannel
 from ..backends.store import StoreControl, gloo_leaders
-from ..board.control import SharedControl, open_shared
+from ..channel.shared import SharedControl, open_shared
 from ..config import launched_by_mpi
 from ..wait import WAITING
 

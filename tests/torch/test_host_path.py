@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
-from denseccl.board import segment
+from denseccl.channel import segment
 from tests.support.checker import expect_passed
 from tests.torch.launchers import run
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from denseccl.board import segment
+from denseccl.channel import segment
 from tests.support.checker import expect_passed
 from tests.torch.launchers import run
 

@@ -1,4 +1,4 @@
-"""The agreement board without MPI (denseccl/board/) under torchrun and mp.spawn, 2 and 4 ranks,
+"""The agreement board without MPI (denseccl/channel/) under torchrun and mp.spawn, 2 and 4 ranks,
 crowded (``taskset -c 0``) and not: calls agree on the board with no store operation, a layout
 mismatch raises everywhere, a rank that never arrives makes its peers time out and finds the
 "gave up" flag, a killed rank ends the job. Nothing this job could have named is left in
@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from denseccl.board import segment
+from denseccl.channel import segment
 from tests.support.checker import expect_passed, expect_summaries
 from tests.torch.launchers import run
 

@@ -15,7 +15,7 @@ import pytest
 import denseccl
 from denseccl.agreement import Descriptor, agree, digest, mismatch_report
 from denseccl.layout import layout_key
-from denseccl.backends.base import ControlChannel
+from denseccl.channel.base import ControlChannel
 from tests.support.ranks import ROOT
 
 

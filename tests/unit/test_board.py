@@ -1,4 +1,4 @@
-"""The shared-memory arrival board (denseccl/board/board.py) in one process: ranks as
+"""The shared-memory arrival board (denseccl/channel/board.py) in one process: ranks as
 threads over one shared page. Real ranks use it in tests/mpi/test_agreement_paths.py."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 
 from denseccl import config
 from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError
-from denseccl.board import board as board_module
-from denseccl.board.board import DIFFERENT, MIXED_TAGS, SAME, Board, page_bytes
+from denseccl.channel import board as board_module
+from denseccl.channel.base import DIFFERENT, MIXED_TAGS, SAME
+from denseccl.channel.board import Board, page_bytes
 
 
 def boards(size: int) -> list:

@@ -1,4 +1,4 @@
-"""The board without MPI, in one process (denseccl/board/: segment.py, fence.py, hosts.py,
+"""The board without MPI, in one process (denseccl/channel/: segment.py, fence.py, hosts.py,
 control.py): ranks as threads that meet over an in-process channel. Real ranks under torchrun
 and mp.spawn use it in tests/torch/test_torch_board.py."""
 
@@ -12,10 +12,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 
-from denseccl.backends.base import ControlChannel
-from denseccl.board import fence, hosts, segment
-from denseccl.board.board import DIFFERENT, SAME, page_bytes
-from denseccl.board.control import SharedControl, open_shared
+from denseccl.channel.base import ControlChannel
+from denseccl.channel import fence, hosts, segment
+from denseccl.channel.base import DIFFERENT, MIXED_TAGS, SAME
+from denseccl.channel.board import page_bytes
+from denseccl.channel.shared import SharedControl, open_shared
 from denseccl.errors import CommunicatorBrokenError
 from denseccl.wait import WAITING
 
@@ -308,6 +309,12 @@ def test_across_hosts_each_host_agrees_then_its_leader(monkeypatch: pytest.Monke
         ([(5, False), (5, False), (7, False), (7, False)], DIFFERENT),
         ([(5, False), (5, False), (5, True), (5, False)], DIFFERENT),
         ([(9, False)] * 4, SAME),
+        # with tags (prepared calls): equal, one host mixed, each host agreeing but the hosts not, both mixed
+        ([(4, False, 1)] * 4, SAME),
+        ([(4, False, 1), (4, False, 1), (4, False, 1), (4, False, 0)], MIXED_TAGS),
+        ([(4, False, 1), (4, False, 1), (4, False, 2), (4, False, 2)], MIXED_TAGS),
+        ([(4, False, 0), (4, False, 1), (4, False, 1), (4, False, 0)], MIXED_TAGS),
+        ([(4, False, 0), (4, False, 1), (4, True, 1), (4, False, 0)], DIFFERENT),
     ]
 
     def work(channel: ThreadChannel) -> Any:
@@ -315,7 +322,8 @@ def test_across_hosts_each_host_agrees_then_its_leader(monkeypatch: pytest.Monke
         control = open_shared(channel, time.monotonic() + 30, make_leaders)
         assert isinstance(control, SharedControl) and len(control.layout.hosts) == 2
         assert (control.leaders is not None) == (channel.rank % 2 == 0) and control.board is not None
-        answers = [control.all_equal(*case[channel.rank], time.monotonic() + 30) for case, _ in cases]
+        deadline = time.monotonic() + 30
+        answers = [control.all_equal(*case[channel.rank][:2], deadline, *case[channel.rank][2:]) for case, _ in cases]
         control.board.close()
         return answers
 

@@ -1,4 +1,4 @@
-"""Which cores a host's ranks may use (denseccl/board/cores.py) and the wait policy it sets
+"""Which cores a host's ranks may use (denseccl/channel/cores.py) and the wait policy it sets
 (wait.py ``Waiting``), in one process. Real ranks under taskset and in a cgroup:
 tests/mpi/test_pinning.py."""
 
@@ -10,9 +10,9 @@ import pytest
 
 from denseccl import config
 from denseccl.errors import DenseCCLError
-from denseccl.board import cores
+from denseccl.channel import cores
 from denseccl.wait import Waiting
-from denseccl.board.cores import Placement
+from denseccl.channel.cores import Placement
 
 
 @pytest.mark.parametrize(

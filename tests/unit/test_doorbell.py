@@ -1,4 +1,4 @@
-"""Doorbells (denseccl/board/doorbell.py) in one process: ranks as threads over one page.
+"""Doorbells (denseccl/channel/doorbell.py) in one process: ranks as threads over one page.
 Real ranks sleep on them whenever they share cores (tests/mpi/test_pinning.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from denseccl import config
-from denseccl.board import doorbell
-from denseccl.board.doorbell import WORDS, Doorbells, futex_call
+from denseccl.channel import doorbell
+from denseccl.channel.doorbell import WORDS, Doorbells, futex_call
 
 futex = futex_call()
 needs_futex = pytest.mark.skipif(futex is None, reason="no futex system call known here")

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from denseccl import config  # noqa: E402
 from denseccl.backends.gloo.host import ALIGN, HostPath, area_bytes, average, slot_bytes  # noqa: E402
-from denseccl.board.board import Board, page_bytes  # noqa: E402
+from denseccl.channel.board import Board, page_bytes  # noqa: E402
 from denseccl.errors import DenseCCLError  # noqa: E402
 
 

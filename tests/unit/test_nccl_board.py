@@ -1,4 +1,4 @@
-"""The NCCL path under a store launch agrees on the shared-memory board (denseccl/board/), on the
+"""The NCCL path under a store launch agrees on the shared-memory board (denseccl/channel/), on the
 CPU with CuPy and NCCL replaced by fakes (tests/unit/test_nccl_bootstrap_flow.py): ranks as
 threads of one process share its host. After the communicator is made, a call makes no store
 operation (counted through a wrapping store); a mismatch still raises on every rank."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import denseccl
-from denseccl.board import segment
-from denseccl.board.control import SharedControl
+from denseccl.channel import segment
+from denseccl.channel.shared import SharedControl
 from denseccl.backends.store import StoreControl
 from denseccl.errors import MismatchError
 from tests.unit.test_nccl_bootstrap_flow import _in_threads, fakes, waiting_policy  # noqa: F401 - fixtures

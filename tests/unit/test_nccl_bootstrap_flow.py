@@ -19,7 +19,7 @@ from denseccl.errors import MismatchError
 from denseccl.backends.nccl import transport as nccl_transport
 from denseccl.backends.nccl.tables import version_code
 from denseccl.backends.store import SoloControl, StoreControl
-from denseccl.board.control import SharedControl
+from denseccl.channel.shared import SharedControl
 from denseccl.wait import WAITING
 from tests.unit.test_nccl_fakes import FakeComm, FakeCuda
 from tests.unit.test_nccl_transport import HostCAI

@@ -31,10 +31,11 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from ...board.board import SAME, Board
+from ...channel.base import SAME, ControlChannel
+from ...channel.board import Board
 from ...dtypes import DType
 from ...ops import Op, ReduceOp, reduction_kind
-from ..base import ControlChannel, Pending, Start
+from ..base import Pending, Start
 
 #: the tag a call on the host path posts in its agreement step (the general path posts UNPLANNED)
 TAG = 1

@@ -7,7 +7,7 @@ then a division, ``PreMulSum`` as a scaling first, an out-of-place allreduce as 
 input as scratch there, and denseccl promises to only read it), dtypes gloo cannot move (int16,
 the unsigned ints above 8 bits, fp8) as bytes. Reductions of those dtypes are refused.
 
-The agreement step runs on the shared-memory board of each host (denseccl/board/control.py),
+The agreement step runs on the shared-memory board of each host (denseccl/channel/shared.py),
 and where there is none on a second gloo group of the same ranks (:class:`GlooControl`), so
 that it never queues behind a large transfer. Both groups are made from one key-value store; a
 peer that never joins makes their creation raise :class:`CollectiveTimeoutError` in time.
@@ -25,11 +25,12 @@ import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from ... import log
-from ...board.control import SharedControl, open_shared
+from ...channel.shared import SharedControl, open_shared
 from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from ..base import ControlChannel, Pending, Start, Transport, is_timeout, split_members
+from ...channel.base import ControlChannel
+from ..base import Pending, Start, Transport, is_timeout, split_members
 from .held import Held
 from .host import HostPath, area_bytes, average
 
@@ -359,7 +360,7 @@ def open_gloo(
 ) -> Tuple[GlooTransport, ControlChannel]:
     """The transport and control channel of ``size`` ranks meeting on ``store``: two gloo groups
     (data, agreement) under ``prefix``; the agreement step on the hosts' shared-memory boards
-    where they can be made (denseccl/board/control.py), on the second group otherwise.
+    where they can be made (denseccl/channel/shared.py), on the second group otherwise.
     CollectiveTimeoutError when a peer has not joined by ``deadline`` (a ``time.monotonic()``
     value; None: never)."""
     if not 0 <= rank < size:

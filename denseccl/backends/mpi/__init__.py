@@ -6,7 +6,7 @@ makes sense with an MPI library underneath lives in this package: the init (:mod
 transport (:mod:`.transport`) with the float16/bfloat16 reductions MPI cannot do
 (:mod:`.host_kernels`) and the persistent requests of repeated calls, paired by a tag
 (:mod:`.calls`; nothing outside this package knows tags), the control channel (:mod:`.control`)
-on MPI or on the shared-memory board (denseccl/board/), whose page, doorbells and placements
+on MPI or on the shared-memory board (denseccl/channel/), whose page, doorbells and placements
 the MPI library provides under an MPI launch (:mod:`.shared`).
 
 Nothing here is imported before a communicator asks for MPI: importing mpi4py initialises MPI.

@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from mpi4py import MPI
 
 from ... import config
-from ..base import ControlChannel, Start, abandon
-from ...board.board import MIXED_TAGS, SAME
+from ..base import Start, abandon
+from ...channel.base import MIXED_TAGS, SAME, ControlChannel
 
 #: a request held for one (geometry, address): (tag, request, its Start, its Test)
 Entry = Tuple[int, Any, Callable[[], Any], Callable[[], bool]]

@@ -1,6 +1,6 @@
 """The MPI backend's control channels; :func:`open_control` picks one per communicator:
 :class:`BoardControl` where every rank shares this host (the agreement step through a
-shared-memory board, denseccl/board/, at no library call), :class:`MPIControl` otherwise.
+shared-memory board, denseccl/channel/, at no library call), :class:`MPIControl` otherwise.
 
 Why a channel of its own beside the transport: the agreement step runs before every checked
 call, and on its own duplicate of the job's communicator it never queues behind a large
@@ -20,12 +20,12 @@ from typing import Any, NoReturn, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from ... import config, log
+from ... import config
 from ...errors import CommunicatorBrokenError, peer_gave_up_error
-from ...board.board import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, Board
+from ...channel.base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, ControlChannel
+from ...channel.shared import open_shared
 from ...wait import wait_until
-from ..base import ControlChannel, Flag, abandon
-from .shared import host_crowded, open_board
+from ..base import abandon
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
@@ -35,15 +35,12 @@ GAVE_UP_TAG = 0x6A7E
 class MPIControl(ControlChannel):
     """Agreement traffic on its own duplicate of the job's communicator (which it owns)."""
 
-    #: the shared-memory board in use (see BoardControl); None here
-    board: Optional[Board] = None
-
-    def __init__(self, comm: Any, crowded: Optional[bool] = None) -> None:
+    def __init__(self, comm: Any) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        #: this host's ranks cannot each have a core of their own (passed on to splits); None where unknown
-        self.crowded = crowded
+        #: MPI moves this rank's nonblocking transfers only inside MPI calls: a board's wait calls this
+        self.progress = comm.Iprobe
         self._sequence = 0
         # The agreement's [digest, -digest, invalid, sequence, -sequence, tag, -tag] (negations:
         # one MAX gives both extremes; the sequence catches a rank that skipped or abandoned a
@@ -56,6 +53,9 @@ class MPIControl(ControlChannel):
         self._gave_up: Optional[int] = None
         #: a request on ``comm`` was abandoned (it may never complete): the communicator is kept
         self._abandoned = False
+
+    def path(self) -> str:
+        return f"MPI allreduce on the control communicator ({self.size} ranks)"
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
         """Equal digests, none invalid, and the same call sequence on every rank; and whether
@@ -144,43 +144,13 @@ class MPIControl(ControlChannel):
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
         part = split_comm(self.comm, color, key)
-        return None if part is None else open_control(part, self.crowded)
+        return None if part is None else open_control(part)
 
     def close(self) -> None:
         (retire_comm if self._abandoned else free_comm)(self.comm)
 
     def retire(self) -> None:
         retire_comm(self.comm)
-
-
-class BoardControl(MPIControl):
-    """All ranks on this host: the agreement step and the "gave up" flag through a
-    shared-memory board, the rest (full descriptors on a mismatch, splits) through MPI."""
-
-    board: Board
-
-    def __init__(self, comm: Any, board: Board) -> None:
-        super().__init__(comm, board.crowded)
-        self.board = board
-        #: the board's own step: no delegation on every call
-        self.all_equal = board.all_equal  # type: ignore[method-assign, assignment]
-
-    def gave_up_flag(self) -> Flag:
-        return self.board.flag
-
-    def give_up(self) -> None:
-        self.board.give_up()
-
-    def peer_gave_up(self) -> Optional[int]:
-        return self.board.gave_up()
-
-    def close(self) -> None:
-        self.board.close()
-        super().close()
-
-    def retire(self) -> None:
-        self.board.retire()
-        super().retire()
 
 
 def split_comm(comm: Any, color: Optional[int], key: int) -> Any:
@@ -206,22 +176,11 @@ def retire_comm(comm: Any) -> None:
     abandon(comm)
 
 
-def open_control(comm: Any, crowded: Optional[bool] = None) -> ControlChannel:
+def open_control(comm: Any) -> ControlChannel:
     """The control channel for the mpi4py communicator ``comm`` (which it then owns; collective
-    over ``comm``): a board where every rank shares this host and can use one, MPI otherwise.
-    ``crowded``: whether the host's ranks cannot each have a core of their own (a split
-    passes its parent's; by default judged here, board/cores.py)."""
-    size = comm.Get_size()
-    if size == 1:
-        return MPIControl(comm, crowded)
-    if crowded is None:
-        crowded = host_crowded(comm)
-    board = open_board(comm, crowded)
-    if board is None:
-        log.info("agreement step: MPI allreduce on the control communicator (%d ranks, no shared board)", size)
-        return MPIControl(comm, crowded)
-    log.info("agreement step: shared-memory board (%d ranks on this host, crowded=%s)", size, crowded)
-    return BoardControl(comm, board)
+    over ``comm``): its round wrapped in the host's board where every rank shares one host,
+    MPI's own round across hosts (the library's allreduce is hierarchical already)."""
+    return open_shared(MPIControl(comm), None, across_hosts=False)
 
 
-__all__ = ["BoardControl", "GAVE_UP_TAG", "MPIControl", "free_comm", "open_control", "retire_comm", "split_comm"]
+__all__ = ["GAVE_UP_TAG", "MPIControl", "free_comm", "open_control", "retire_comm", "split_comm"]

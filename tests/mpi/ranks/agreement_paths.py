@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import denseccl
-from denseccl.board.board import DIFFERENT, MIXED_TAGS, SAME
+from denseccl.channel.base import DIFFERENT, MIXED_TAGS, SAME
 from tests.support.checker import Checker
 
 expect_board, iterations = sys.argv[1] == "1", int(sys.argv[2])

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402 - after pinning, as a launcher would have pinne
 
 import denseccl  # noqa: E402
 from denseccl.wait import WAITING  # noqa: E402
-from denseccl.board.doorbell import futex_call  # noqa: E402
+from denseccl.channel.doorbell import futex_call  # noqa: E402
 from tests.support.checker import Checker  # noqa: E402
 
 comm = denseccl.init("mpi")

@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 import denseccl
 import denseccl.torch as dt
-from denseccl.board.control import SharedControl
-from denseccl.board.segment import PREFIX
+from denseccl.channel.shared import SharedControl
+from denseccl.channel.segment import PREFIX
 from denseccl.wait import WAITING
 from tests.support.checker import Checker
 from tests.support.counting_store import env_counting_store

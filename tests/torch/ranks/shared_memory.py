@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 import denseccl
 import denseccl.torch
-from denseccl.board.control import SharedControl
+from denseccl.channel.shared import SharedControl
 from tests.support.checker import Checker
 
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import config, log
-from ..backends.base import ControlChannel
 from ..wait import WAITING
 from . import segment
+from .base import ControlChannel
 from .board import Board, page_bytes, usable_here
 from .cores import Placement, judge, local_placement
 from .doorbell import WORDS, Doorbells, futex_call
@@ -173,6 +173,7 @@ def open_host_board(
             connection.close()
     reasons = sorted({reason.decode() for reason in every if reason})
     if reasons:
+        WAITING.note(layout.crowded[layout.mine])
         if made is not None:
             made.close()
         (log.warning if channel.rank == 0 else log.info)(

@@ -27,14 +27,7 @@ from typing import Any, Callable, Optional, Protocol
 from .. import config
 from ..errors import peer_gave_up_error
 from ..wait import WAITING, wait_until
-
-#: answers of the agreement step (``all_equal`` with a tag): falsy only when the
-#: ranks disagree; MIXED_TAGS when they agree on the call but hold different persistent
-#: requests for it (calls.py)
-DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
-#: the tag of a call that holds no persistent request and may not set one up (the general path)
-UNPLANNED = -1
-
+from .base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED
 
 #: 64-bit words per rank and call parity: one cache line (sequence, digest, invalid, tag, padding)
 LINE = 8

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from .. import log
-from ..backends.base import ControlChannel, Flag, GaveUpFlag
 from ..wait import WAITING
-from .board import DIFFERENT, SAME, UNPLANNED, Board
+from .base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, ControlChannel, Flag, GaveUpFlag
+from .board import Board
 from .hosts import Layout, describe, exchange_about, open_host_board
 
 #: ``(inner, leader, deadline) -> channel``: a channel over the leaders of the hosts (collective
@@ -69,14 +69,17 @@ class SharedControl(ControlChannel):
         return f"a board per host on {describe(self.layout)}{waits}, then one round among their leaders ({among})"
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
-        """Across hosts: the host's board, the leaders' round, the leader's answer on the board."""
+        """Across hosts: the host's board, the leaders' round, the leader's answer on the board
+        (SAME, MIXED_TAGS or DIFFERENT, as one board would answer for every rank)."""
         board = self.board
-        agreed = board.all_equal(value, invalid, deadline) if board is not None else not invalid
-        if self.leaders is not None:
-            agreed = self.leaders.all_equal(value, not agreed, deadline)
-        if board is not None:  # the leader posts "invalid" for a disagreement, the others a constant
-            agreed = board.all_equal(0, self.leaders is not None and not agreed, deadline)
-        return SAME if agreed else DIFFERENT
+        answer = board.all_equal(value, invalid, deadline, tag) if board is not None else DIFFERENT if invalid else SAME
+        leader = self.leaders is not None
+        if self.leaders is not None:  # a host of mixed tags posts a tag that no other leader posts
+            mine = tag if answer == SAME else -2 - self.rank
+            answer = self.leaders.all_equal(value, answer == DIFFERENT, deadline, mine)
+        if board is not None:  # the leader posts the answer: "invalid" for DIFFERENT, tag 1 for MIXED_TAGS
+            answer = board.all_equal(0, leader and answer == DIFFERENT, deadline, int(leader and answer == MIXED_TAGS))
+        return answer
 
     def host_data(self) -> Optional[Board]:
         """The board, where every rank of the channel shares this host and the board has a data
@@ -95,7 +98,9 @@ class SharedControl(ControlChannel):
 
     def split(self, color: Optional[int], key: int, deadline: Optional[float]) -> Optional[ControlChannel]:
         part = self.inner.split(color, key, deadline)
-        return None if part is None else open_shared(part, deadline, self._make_leaders, self._sleepy)
+        if part is None or part.opened:  # a round whose splits open their own channel (MPI's)
+            return part
+        return open_shared(part, deadline, self._make_leaders, self._sleepy)
 
     def give_up(self) -> None:
         if self.board is not None:
@@ -103,12 +108,15 @@ class SharedControl(ControlChannel):
         self.inner.give_up()
 
     def peer_gave_up(self) -> Optional[int]:
-        if self.board is not None:
-            return self.board.gave_up()
-        return self.inner.peer_gave_up()
+        """A peer of this host (the board's flag) or, across hosts, of another (the round's news)."""
+        here = self.board.gave_up() if self.board is not None else None
+        if here is None and len(self.layout.hosts) > 1:
+            return self.inner.peer_gave_up()
+        return here
 
     def gave_up_flag(self) -> Flag:
-        return self.board.flag if self.board is not None else GaveUpFlag(self.peer_gave_up)
+        one_host = len(self.layout.hosts) == 1
+        return self.board.flag if self.board is not None and one_host else GaveUpFlag(self.peer_gave_up)
 
     def abort(self, message: str) -> Any:
         self.inner.abort(message)
@@ -128,7 +136,7 @@ class SharedControl(ControlChannel):
 
 def open_shared(
     inner: ControlChannel, deadline: Optional[float], make_leaders: Leaders = split_leaders, sleepy: bool = False,
-    data_bytes: Optional[Callable[[int], int]] = None,
+    data_bytes: Optional[Callable[[int], int]] = None, across_hosts: bool = True,
 ) -> ControlChannel:
     """The control channel for the ranks of ``inner`` (collective over it): a
     :class:`SharedControl` where every rank can use a board, else ``inner`` itself. Judges
@@ -143,25 +151,38 @@ def open_shared(
 
     ``data_bytes``: where the ranks all share one host, the size of the board's data area for
     the transport's small calls, given the host path's limit the ranks agreed on (``Board.data``;
-    :meth:`SharedControl.host_data`; none where the limit is 0)."""
+    :meth:`SharedControl.host_data`; none where the limit is 0).
+
+    ``across_hosts``: whether ranks over several hosts get a board per host and a leaders'
+    round (else ``inner`` alone: an MPI library's allreduce is already hierarchical)."""
     if inner.size == 1:
         return inner
     layout = exchange_about(inner, deadline)
+    crowded = layout.crowded[layout.mine]
+    inner.crowded = crowded
+    inner.opened = True  # what open_shared returns, the round itself included, is not opened again
     if not layout.usable:
-        WAITING.note(layout.crowded[layout.mine])
-        log.info("agreement step: %s; no shared board: DENSECCL_SHARED_AGREEMENT off, no fence or no /dev/shm "
+        WAITING.note(crowded)
+        log.info("agreement step: %s; no shared board: DENSECCL_SHARED_AGREEMENT off, no fence or no memfd "
                  "on some rank (python -m denseccl says which)", inner.path())
         return inner
-    # across hosts a rank's board wait lasts its leader's network round: it sleeps, never spins
     one_host = len(layout.hosts) == 1
+    if not one_host and not across_hosts:
+        WAITING.note(crowded)
+        log.info("agreement step: %s (the ranks span %s)", inner.path(), describe(layout))
+        return inner
     area = data_bytes(layout.host_path) if data_bytes is not None and one_host and layout.host_path else 0
+    # across hosts a rank's board wait lasts its leader's network round: it sleeps, never spins
     ok, board, doorbells = open_host_board(inner, layout, deadline, sleepy or not one_host, area)
     if not ok:
         return inner
+    if board is not None:
+        board.progress = inner.progress
     leaders = None
-    if len(layout.hosts) > 1:
+    if not one_host:
         leaders = make_leaders(inner, layout.leaders[layout.mine] == inner.rank, deadline)
     control = SharedControl(inner, board, leaders, layout, make_leaders, sleepy, doorbells)
+    control.opened = True
     log.info("agreement step: %s", control.path())
     return control
 
