@@ -1,4 +1,4 @@
-/* A full memory fence for the agreement board's page (denseccl/board/fence.py).
+/* A full memory fence for the agreement board's page (denseccl/channel/fence.py).
 
 Python has no memory barrier of its own, and on processors weaker than x86-TSO (ARM: Grace,
 Graviton; POWER) a peer may see a board line's sequence number before its values without one.

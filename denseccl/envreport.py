@@ -217,28 +217,28 @@ def agreement_paths() -> "OrderedDict[str, str]":
         paths["mpiexec, srun"] = off + "an MPI allreduce per call on the control communicator"
         paths["torchrun, spawn, store"] = off + "a gloo round (gloo engine) or four store operations (NCCL) per call"
         return paths
-    paths["mpiexec, srun"] = (
-        "the ranks of a host on a shared-memory board (an MPI shared window, ordered by Win.Sync) when every rank of "
-        "the communicator shares it; otherwise an MPI allreduce per call"
-    )
-    where = "/dev/shm" if segment.available() else ""
     order = fence.page_fence()
-    if where and order is not None:
-        paths["torchrun, spawn, store"] = (
-            f"a shared-memory board per host (a {where} segment, unlinked once mapped; fence: {fence.describe()}); "
-            "across hosts one round among one leader per host over gloo; no store operation per call"
-        )
-        limit = config.settings().host_path
-        paths["torchrun, spawn, store"] += (
-            f"; the gloo engine's repeated allreduce, reduce and broadcast of up to {limit} bytes move through the "
-            "board's segment when all ranks share one host (DENSECCL_HOST_PATH)" if limit else
-            "; DENSECCL_HOST_PATH=0: every gloo engine call through gloo"
-        )
-    else:
-        why = "no /dev/shm" if not where else f"no fence: {fence.describe()}"
+    if not segment.available() or order is None:
+        why = "no memfd_create" if not segment.available() else f"no fence: {fence.describe()}"
+        paths["mpiexec, srun"] = f"no board ({why}): an MPI allreduce per call on the control communicator"
         paths["torchrun, spawn, store"] = (
             f"no board ({why}): a gloo round per call (gloo engine), four store operations per call (NCCL)"
         )
+        return paths
+    board = f"a shared-memory board (a memfd segment, nothing in /dev/shm; fence: {fence.describe()})"
+    paths["mpiexec, srun"] = (
+        f"the ranks of a host on {board} when every rank of the communicator shares it; otherwise an MPI allreduce "
+        "per call"
+    )
+    paths["torchrun, spawn, store"] = (
+        f"{board} per host; across hosts one round among one leader per host over gloo; no store operation per call"
+    )
+    limit = config.settings().host_path
+    paths["torchrun, spawn, store"] += (
+        f"; the gloo engine's repeated allreduce, reduce and broadcast of up to {limit} bytes move through the "
+        "board's segment when all ranks share one host (DENSECCL_HOST_PATH)" if limit else
+        "; DENSECCL_HOST_PATH=0: every gloo engine call through gloo"
+    )
     return paths
 
 

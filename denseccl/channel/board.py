@@ -5,15 +5,14 @@ operations) costs as much as, or far more than, the small collective it guards. 
 ranks answer the agreement step through a shared page instead: each rank writes
 ``(digest, invalid, tag)`` and then the call's sequence number into its own cache line, and
 reads a peer's line once its sequence number has arrived. A last line holds a flag: the rank
-(plus one) that gave up on a call (a timeout). That rank also retracts its entries, so that no
+(plus one) that gave up on a call (a timeout, an interrupt). That rank also retracts its entries, so that no
 late peer agrees with an entry of the abandoned call, and a waiting peer fails at once.
 
 Two sets of lines serve alternate calls: a rank rewrites a line for call ``k + 2`` only after
 every peer arrived at call ``k + 1``, hence has read everything of call ``k``.
 
-The protocol is written once, over *a page and a fence*; who provides them does not matter
-(backends/mpi/shared.py: an MPI shared window with ``Win.Sync``; segment.py: a mapping
-bootstrapped over a store, with the compiled fence of fence.py). Ordering relied on: a fence
+The protocol is written once, over *a page and a fence* (segment.py's memfd and fence.py's
+compiled fence; in the unit tests, threads' memory). Ordering relied on: a fence
 between writing a line's values and publishing its sequence number (release), and between
 seeing every peer's number and reading their values (acquire). No processor's store order is
 assumed beyond what the provider's fence gives.

@@ -12,7 +12,7 @@ machine's cores, not the ones a rank may use. What can tell:
   limits): ranks polling past it are throttled for the rest of the period, whatever their masks.
 
 :func:`judge` decides from every rank's :class:`Placement`, gathered once at bootstrap by whoever
-starts the ranks: the MPI backend (backends/mpi/shared.py) or the store setup (hosts.py).
+sets up the channel (hosts.py), over whichever round the launch has.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from tests.support.checker import expect_passed
 from tests.torch.launchers import run
 
 PROGRAM = Path(__file__).parent / "ranks" / "host_path.py"
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")]
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(not segment.available(), reason="no memfd_create here")]
 TASKSET = shutil.which("taskset")
 
 

@@ -36,14 +36,15 @@ def private_mounts() -> bool:
 
 
 @pytest.mark.skipif(not private_mounts(), reason="needs root and unshare to mount a tmpfs of its own")
-@pytest.mark.parametrize("n", [2, 3])
-def test_a_full_dev_shm(n: int) -> None:
-    """A 1 MiB /dev/shm that another process filled (as a DataLoader fills Docker's 64 MiB):
-    before segments were memfds every rank died of SIGBUS at its first collective."""
-    job = " ".join(shlex.quote(part) for part in torchrun(n, "full"))
-    script = ("mount -t tmpfs -o size=1m tmpfs /dev/shm && (head -c 2097152 /dev/zero > /dev/shm/filler || true) "
-              f"&& exec {job}")
-    done = run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], timeout=180)
+@pytest.mark.parametrize("n, scenario, mib", [(2, "full", 1), (3, "full", 1), (8, "mesh", 64)])
+def test_a_full_dev_shm(n: int, scenario: str, mib: int) -> None:
+    """A /dev/shm of ``mib`` MiB that another process filled (as DataLoader workers fill
+    Docker's 64 MiB): before segments were memfds every rank died of SIGBUS at its first
+    collective; 8 ranks with a 2-D DeviceMesh and a subgroup run as well."""
+    job = " ".join(shlex.quote(part) for part in torchrun(n, scenario))
+    script = (f"mount -t tmpfs -o size={mib}m tmpfs /dev/shm && "
+              f"(head -c {(mib + 1) << 20} /dev/zero > /dev/shm/filler || true) && exec {job}")
+    done = run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], timeout=300)
     expect_passed(done, n)
 
 

@@ -1,8 +1,8 @@
 """The agreement board without MPI (denseccl/channel/) under torchrun and mp.spawn, 2 and 4 ranks,
 crowded (``taskset -c 0``) and not: calls agree on the board with no store operation, a layout
 mismatch raises everywhere, a rank that never arrives makes its peers time out and finds the
-"gave up" flag, a killed rank ends the job. Nothing this job could have named is left in
-/dev/shm (``denseccl-<pid>-*`` of its ranks' pids)."""
+"gave up" flag, a killed rank ends the job. Nothing of denseccl's is ever in /dev/shm (its
+segments are memfds, with no name)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.support.checker import expect_passed, expect_summaries
 from tests.torch.launchers import run
 
 PROGRAM = Path(__file__).parent / "ranks" / "board_job.py"
-pytestmark = [pytest.mark.torch, pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")]
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(not segment.available(), reason="no memfd_create here")]
 TASKSET = shutil.which("taskset")
 
 

@@ -184,7 +184,7 @@ def test_hosts_are_told_apart_by_name_boot_and_shm() -> None:
     quota = hosts.plan([entry("a", "x", [0, 1], limit=1.0), entry("a", "x", [0, 1], limit=1.0)], 1)
     assert quota.crowded == (True,)
     assert not hosts.plan([entry("a", "x", [0]), entry("a", "x", [1], board=False)], 0).usable
-    alone = hosts.plan([entry("a", "", [0]), entry("a", "", [1])], 0)  # no /dev/shm: nothing shared
+    alone = hosts.plan([entry("a", "", [0]), entry("a", "", [1])], 0)  # no network namespace to tell: nothing shared
     assert alone.hosts == ((0,), (1,))
 
 

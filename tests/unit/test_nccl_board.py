@@ -18,7 +18,7 @@ from denseccl.errors import MismatchError
 from tests.unit.test_nccl_bootstrap_flow import _in_threads, fakes, waiting_policy  # noqa: F401 - fixtures
 from tests.unit.test_nccl_transport import HostCAI
 
-pytestmark = pytest.mark.skipif(not segment.available(), reason="no /dev/shm here")
+pytestmark = pytest.mark.skipif(not segment.available(), reason="no memfd_create or socket.send_fds here")
 
 
 @pytest.mark.parametrize("size", [2, 4])

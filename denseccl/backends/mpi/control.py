@@ -1,11 +1,11 @@
-"""The MPI backend's control channels; :func:`open_control` picks one per communicator:
-:class:`BoardControl` where every rank shares this host (the agreement step through a
-shared-memory board, denseccl/channel/, at no library call), :class:`MPIControl` otherwise.
+"""The MPI backend's control channel: :class:`MPIControl`, the agreement's round on a duplicate
+of the job's communicator; :func:`open_control` wraps it in the host's shared-memory board
+(denseccl/channel/shared.py), as every launch's round is wrapped.
 
 Why a channel of its own beside the transport: the agreement step runs before every checked
 call, and on its own duplicate of the job's communicator it never queues behind a large
-transfer. Both channels also carry the news that a rank gave up on a call (a timeout): the
-board as a flag in its page, MPI as a message to every peer. A rank checks for it after each
+transfer. It also carries the news that a rank gave up on a call (a timeout, an interrupt) as a
+message to every peer (the board, as a flag in its page). A rank checks for it after each
 collective and while it waits, so that no call completes by pairing with one a peer abandoned.
 """
 

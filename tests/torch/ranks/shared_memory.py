@@ -1,12 +1,14 @@
 """The board's shared memory under the conditions users meet, on real ranks under torchrun.
 
-usage: shared_memory.py full | unmade | churn N | stopped
+usage: shared_memory.py full | mesh | unmade | churn N | stopped
 
 - full: run in a private mount namespace whose /dev/shm is a tiny tmpfs that another process
   filled (tests/torch/test_shared_memory.py): ``init_process_group("denseccl")``, repeated small
   all_reduces (the host path), a 1 MiB one and a broadcast give the right values; the board and
   the host path are in use (their memory needs no room in /dev/shm). Before segments were
   memfds, both ranks died of SIGBUS at the first write.
+- mesh: in that full /dev/shm, 8 ranks with a 2x4 DeviceMesh (a group per row and per column)
+  and a subgroup of the even ranks: every group's all_reduce right, each on a board of its own.
 - unmade: the host's first rank cannot make a segment (``memfd_create`` fails with ENOMEM, as
   where memory is short): every rank falls back to gloo's round together, with results right.
 - churn N: N communicators made and closed, each through ``denseccl.init`` and through torch's
@@ -66,6 +68,27 @@ def full(check: Checker, rank: int, size: int) -> None:
     check.check(comm.transport.host is not None, "full: no host path")
     calls(check, comm, rank, size, "full")
     comm.close()
+    dist.destroy_process_group()
+
+
+def mesh(check: Checker, rank: int, size: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("denseccl")
+    grid = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("row", "column"))
+    evens = dist.new_group(list(range(0, size, 2)), backend="denseccl")
+    for name in ("row", "column"):
+        group = grid.get_group(name)
+        members = dist.get_process_group_ranks(group)
+        x = torch.full((5, 3), float(rank + 1)).t()
+        dist.all_reduce(x, group=group)
+        want = float(sum(r + 1 for r in members))
+        check.check(torch.equal(x, torch.full((3, 5), want)), f"mesh: {name} all_reduce gave {x[0, 0]}, not {want}")
+    if rank % 2 == 0:
+        y = torch.full((100,), float(rank))
+        dist.all_reduce(y, group=evens)
+        check.check(torch.equal(y, torch.full((100,), float(sum(range(0, size, 2))))), f"mesh: evens gave {y[0]}")
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -151,6 +174,8 @@ def main() -> None:
     check = Checker(f"shm-{scenario}", rank, size)
     if scenario == "full":
         full(check, rank, size)
+    elif scenario == "mesh":
+        mesh(check, rank, size)
     elif scenario == "unmade":
         unmade(check, rank, size)
     elif scenario == "stopped":
