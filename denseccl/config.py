@@ -55,6 +55,9 @@ NAP_SECONDS = 0.0002
 #: :data:`IDLE_SECONDS` between tests, or :data:`IDLE_NAP_SECONDS` on its doorbell where the
 #: host has them (a ring ends that sleep at once), so that a stopped peer costs under 1% of a core
 IDLE_AFTER_SECONDS = 1.0
+#: a wait that blocks in a library (gloo's) returns this often to hear whether a peer gave up;
+#: a round with no news of its own (gloo's, a store's) reads it from the store at most this often
+WATCH_SECONDS = 0.5
 IDLE_SECONDS = 0.01
 IDLE_NAP_SECONDS = 0.05
 #: prepared calls kept per communicator (the cache of repeated geometries) before it starts over

@@ -48,6 +48,36 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
                 raise
 
 
+class StoreNews:
+    """The "gave up" news of a round that carries none itself (a gloo group's, a store's): a key
+    on the launch's store, written by the rank that gives up, read at most every
+    :data:`config.WATCH_SECONDS` (a store operation is a network round)."""
+
+    def __init__(self, store: Any, key: str) -> None:
+        self._store, self._key = store, key
+        self._heard: Optional[int] = None
+        self._next = 0.0
+
+    def tell(self, rank: int) -> None:
+        """Leave the news (best effort: a store that is gone cannot carry it)."""
+        try:
+            self._store.set(self._key, str(rank))
+        except Exception as error:  # noqa: BLE001 - telling is best effort
+            log.warning("could not leave the news that rank %d gave up on the store: %s", rank, error)
+
+    def heard(self) -> Optional[int]:
+        """The rank that gave up, or None (cheap between two reads of the store)."""
+        now = time.monotonic()
+        if self._heard is None and now >= self._next and self._store is not None:
+            self._next = now + config.WATCH_SECONDS
+            try:
+                if self._store.check([self._key]):
+                    self._heard = int(bytes(self._store.get(self._key)).decode())
+            except Exception:  # noqa: BLE001 - a store that is gone brings no news
+                pass
+        return self._heard
+
+
 class StoreControl(ControlChannel):
     """Agreement traffic through a key-value store, under ``prefix``."""
 
@@ -61,6 +91,7 @@ class StoreControl(ControlChannel):
         self._sequence = 0
         self._splits = 0
         self._multi_get = getattr(store, "multi_get", None)
+        self._news = StoreNews(store, f"{self.prefix}/gave_up")
 
     def __repr__(self) -> str:
         return f"<StoreControl {self.prefix} rank {self.rank} of {self.size}>"
@@ -102,6 +133,12 @@ class StoreControl(ControlChannel):
         members = split_members(entries, color)
         prefix = f"{self.prefix}/split{index}/color{color}"
         return StoreControl(self.store, members.index(self.rank), len(members), prefix)
+
+    def give_up(self) -> None:
+        self._news.tell(self.rank)
+
+    def peer_gave_up(self) -> Optional[int]:
+        return self._news.heard()
 
     def close(self) -> None:
         """Forget the store. It is never shut down here: torch's process group may share it,
@@ -178,4 +215,6 @@ def open_store_control(store: Any, rank: int, size: int, prefix: str, deadline: 
     return open_shared(StoreControl(store, rank, size, prefix), deadline, gloo_leaders)
 
 
-__all__ = ["SoloControl", "StoreControl", "gloo_leaders", "open_store_control", "tcp_store", "wait_for_keys"]
+__all__ = [
+    "SoloControl", "StoreControl", "StoreNews", "gloo_leaders", "open_store_control", "tcp_store", "wait_for_keys",
+]

@@ -24,13 +24,14 @@ import torch
 import torch._C._distributed_c10d as c10d
 from torch.distributed import PrefixStore, ProcessGroupGloo
 
-from ... import log
+from ... import config, log
 from ...channel.shared import SharedControl, open_shared
 from ...dtypes import DType
-from ...errors import ArgumentError, DenseCCLError, OpError, timeout_error
+from ...errors import ArgumentError, DenseCCLError, OpError, peer_gave_up_error, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ...channel.base import ControlChannel
 from ..base import Pending, Start, Transport, is_timeout, split_members
+from ..store import StoreNews
 from .held import Held
 from .host import HostPath, area_bytes, average
 
@@ -75,24 +76,34 @@ def _factor(op: PreMulSum, dtype: DType) -> Any:
     return int(op.factor) if dtype.kind in "iu" else op.factor
 
 
-def wait_work(work: Any, deadline: Optional[float], what: str) -> None:
+def wait_work(work: Any, deadline: Optional[float], what: str, watch: Optional[Callable[[], None]] = None) -> None:
     """Block on a gloo Work until ``deadline`` (a ``time.monotonic()`` value; None: gloo's own
-    limit), turning gloo's timeout into :class:`CollectiveTimeoutError`."""
-    try:
-        if deadline is None:
-            work.wait()
-        else:
-            work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
-    except RuntimeError as error:
-        if is_timeout(error):
-            raise timeout_error(what, "gloo: " + str(error).splitlines()[0][:200]) from None
-        raise
+    limit), turning gloo's timeout into :class:`CollectiveTimeoutError`. ``watch``: called every
+    :data:`config.WATCH_SECONDS` of the wait, raises if it is hopeless (a peer gave up)."""
+    while True:
+        now = time.monotonic()
+        end = None if watch is None else now + config.WATCH_SECONDS
+        last = end is None or (deadline is not None and deadline <= end)
+        until = deadline if last else end
+        try:
+            if until is None:
+                work.wait()
+            else:
+                work.wait(timedelta(seconds=max(until - now, 0.001)))
+            return
+        except RuntimeError as error:
+            # a slice of the wait ended while the call still runs: hear the news, wait on
+            if not is_timeout(error) or last or work.is_completed():
+                if is_timeout(error):
+                    raise timeout_error(what, "gloo: " + str(error).splitlines()[0][:200]) from None
+                raise
+        watch()  # type: ignore[misc]  # not last: there is a watch
 
 
 class GlooPending(Pending):
     """A gloo Work, plus what must run on the host once it has completed."""
 
-    __slots__ = ("work", "finish", "keep", "held", "polled")
+    __slots__ = ("work", "finish", "keep", "held", "polled", "watch")
     blocks = True  # gloo's threads move the data; a polling waiter would take their cores
 
     def __init__(
@@ -111,6 +122,8 @@ class GlooPending(Pending):
         #: False for gloo works that never report completion until waited for (reduce_scatter):
         #: test() then waits, bounded by the group's timeout
         self.polled = polled
+        #: raises once a peer gave up (the transport's ``watch``); only a polled work's wait hears it
+        self.watch: Optional[Callable[[], None]] = None
 
     def test(self) -> bool:
         if self.polled and not self.work.is_completed():
@@ -120,7 +133,8 @@ class GlooPending(Pending):
 
     def wait(self, deadline: Optional[float]) -> None:
         try:
-            wait_work(self.work, deadline, "gloo collective")  # raises the work's error, if any
+            # raises the work's error, if any
+            wait_work(self.work, deadline, "gloo collective", self.watch if self.polled else None)
         finally:  # gloo's threads may not have let go of them yet, or still run (held.py)
             keep, self.keep = self.keep, ()
             if keep:
@@ -205,6 +219,16 @@ class GlooTransport(_GlooGroup, Transport):
         self._spares = []
         #: the host path of small repeated allreduces (host.py), where the ranks share one host
         self.host: Optional[HostPath] = None
+        #: raises once a peer gave up (set by open_gloo from the control channel's flag)
+        self.watch: Optional[Callable[[], None]] = None
+
+    def _pending(
+        self, work: Any, keep: Tuple[torch.Tensor, ...] = (), finish: Optional[Callable[[], None]] = None,
+        polled: bool = True,
+    ) -> GlooPending:
+        pending = GlooPending(work, self.held, keep, finish, polled)
+        pending.watch = self.watch
+        return pending
 
     def _take_spare(self, nbytes: int) -> torch.Tensor:
         try:
@@ -251,7 +275,7 @@ class GlooTransport(_GlooGroup, Transport):
         target = self._prepared(send, recv, count, dtype, op)
         options = c10d.AllreduceOptions()
         options.reduceOp = self._op(op, dtype)
-        return GlooPending(self.group.allreduce([target], options), self.held, (target,), self._finish(op, target))
+        return self._pending(self.group.allreduce([target], options), (target,), self._finish(op, target))
 
     def reduce(self, send: int, recv: int, count: int, dtype: DType, op: Op, root: int, stream: Any = None) -> Pending:
         if self.rank == root:
@@ -269,19 +293,19 @@ class GlooTransport(_GlooGroup, Transport):
         options = c10d.ReduceOptions()
         options.reduceOp = self._op(op, dtype)
         options.rootRank = root
-        return GlooPending(self.group.reduce([target], options), self.held, (target,), finish)
+        return self._pending(self.group.reduce([target], options), (target,), finish)
 
     def broadcast(self, buffer: int, count: int, dtype: DType, root: int, stream: Any = None) -> Pending:
         target = span_tensor(buffer, count, dtype)
         options = c10d.BroadcastOptions()
         options.rootRank = root
-        return GlooPending(self.group.broadcast([target], options), self.held, (target,))
+        return self._pending(self.group.broadcast([target], options), (target,))
 
     def allgather(self, send: int, recv: int, count: int, dtype: DType, stream: Any = None) -> Pending:
         output = span_tensor(recv, count * self.size, dtype)
         source = span_tensor(send, count, dtype)  # in place: this is output's own block
         work = self.group._allgather_base(output, source, c10d.AllgatherOptions())
-        return GlooPending(work, self.held, (output, source))
+        return self._pending(work, (output, source))
 
     def reduce_scatter(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
         source = span_tensor(send, count * self.size, dtype)
@@ -291,10 +315,10 @@ class GlooTransport(_GlooGroup, Transport):
         options = c10d.ReduceScatterOptions()
         options.reduceOp = self._op(op, dtype)
         work = self.group._reduce_scatter_base(target, source, options)
-        return GlooPending(work, self.held, (source, target), self._finish(op, target), polled=False)
+        return self._pending(work, (source, target), self._finish(op, target), polled=False)
 
     def barrier(self) -> Pending:
-        return GlooPending(self.group.barrier(c10d.BarrierOptions()), self.held)
+        return self._pending(self.group.barrier(c10d.BarrierOptions()))
 
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
@@ -330,26 +354,41 @@ class GlooControl(_GlooGroup, ControlChannel):
         super().__init__(group, store, prefix, timeout)
         self._max = c10d.AllreduceOptions()
         self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
+        #: gloo carries no notes: the "gave up" news is a key on the store
+        self._news = StoreNews(store, f"{prefix}gave_up")
+
+    def give_up(self) -> None:
+        self._news.tell(self.rank)
+
+    def peer_gave_up(self) -> Optional[int]:
+        return self._news.heard()
+
+    def _watch(self) -> None:
+        rank = self._news.heard()
+        if rank is not None:
+            raise peer_gave_up_error(rank)
 
     def path(self) -> str:
         return f"a gloo allreduce per call on the control group ({self.size} ranks)"
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         buffer = torch.tensor(list(values), dtype=torch.int64)
-        wait_work(self.group.allreduce([buffer], self._max), deadline, "the agreement step")
+        wait_work(self.group.allreduce([buffer], self._max), deadline, "the agreement step", self._watch)
         self.held.hold((buffer,))
         return buffer.tolist()
 
     def allgather_bytes(self, data: bytes, deadline: Optional[float]) -> Sequence[bytes]:
         lengths = torch.empty(self.size, dtype=torch.int64)
         mine = torch.tensor([len(data)], dtype=torch.int64)
-        wait_work(self.group._allgather_base(lengths, mine, c10d.AllgatherOptions()), deadline, "the agreement step")
+        wait_work(self.group._allgather_base(lengths, mine, c10d.AllgatherOptions()), deadline, "the agreement step",
+                  self._watch)
         self.held.hold((lengths, mine))
         longest = max(int(lengths.max()), 1)
         padded = torch.zeros(longest, dtype=torch.uint8)
         padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else padded[:0]
         gathered = torch.empty(longest * self.size, dtype=torch.uint8)
-        wait_work(self.group._allgather_base(gathered, padded, c10d.AllgatherOptions()), deadline, "the agreement step")
+        wait_work(self.group._allgather_base(gathered, padded, c10d.AllgatherOptions()), deadline, "the agreement step",
+                  self._watch)
         self.held.hold((gathered, padded))
         raw = gathered.numpy().tobytes()
         return [raw[r * longest : r * longest + int(n)] for r, n in enumerate(lengths.tolist())]
@@ -373,6 +412,13 @@ def open_gloo(
         GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True,
         data_bytes=lambda limit: area_bytes(limit, size),
     )
+    flag = channel.gave_up_flag()
+
+    def watch() -> None:
+        if flag[0]:
+            raise peer_gave_up_error(channel.peer_gave_up())
+
+    transport.watch = watch
     board = channel.host_data() if isinstance(channel, SharedControl) else None
     if board is not None:
         limit = channel.layout.host_path  # type: ignore[attr-defined]  # the smallest of every rank's
