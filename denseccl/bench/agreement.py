@@ -9,7 +9,7 @@ denseccl/channel/; across hosts a board per host plus one leaders' round), ``lea
 leaders' round alone, timed on the leaders: what the board adds to it across hosts), ``gloo``
 (a gloo allreduce on a group of its own: the gloo engine's channel without boards), ``store``
 (set, wait, multi_get, delete through the store: the NCCL path's channel without boards), and
-under mpiexec ``mpi-board`` (the board on an MPI shared window) and ``mpi-allreduce`` (an MPI
+under mpiexec ``mpi-board`` (the board of an MPI launch) and ``mpi-allreduce`` (an MPI
 allreduce on the control communicator). A round is a barrier, then ``iters`` agreement steps on
 one contender (the mean per step, averaged over ranks); contenders alternate round by round and
 the table shows the median of the rounds in microseconds, with the range.

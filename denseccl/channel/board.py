@@ -55,7 +55,7 @@ class Board:
 
     ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed;
     ``fence``: the full memory barrier that orders its stores and loads across ranks (the
-    provider's: ``Win.Sync``, or fence.py's); ``owner``: what provides ``memory``, told when
+    fence.py's, or none between threads); ``owner``: what provides ``memory``, told when
     the board closes or retires. ``data``: shared memory beside the page that a transport moves
     small calls through, ordered by the board's steps (backends/gloo/host.py), or None."""
 

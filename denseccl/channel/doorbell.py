@@ -4,7 +4,7 @@ Why: on a crowded host (cores.py) a rank that polls burns the time its peer need
 wait yields after each short burst of polls (wait.wait_until), so a small call completes within
 a few turns; a longer wait (a slow or stalled peer) must not keep the core busy with yields, so
 it raises its ``asleep`` flag, tests once more, and sleeps on its doorbell (a futex in the
-host's shared page, an MPI shared window or the board's mapping, with a short timeout). A rank
+host's shared segment, beside the board, with a short timeout). A rank
 rings sleeping peers before the first sleep of a wait, after it posts an agreement and when one
 of its waits ends: whatever a peer waits for was made by one of those steps. A missed wake-up
 costs at most :data:`config.NAP_SECONDS`, never a hang. Linux futexes through ``syscall(2)``
@@ -61,18 +61,10 @@ def futex_call() -> Optional[Callable[..., int]]:
 class Doorbells:
     """The doorbells of one host's ``size`` ranks in shared ``memory`` at ``address``
     (``size * WORDS`` 32-bit words, zeroed); ``fence``: the full memory barrier between raising
-    a flag and testing (the page provider's: ``Win.Sync``, or fence.py's); ``owner``: what
-    provides the page, kept as long as these doorbells (an MPI window)."""
+    a flag and testing (fence.py's). The view of ``memory`` keeps its mapping alive."""
 
     def __init__(
-        self,
-        memory: Any,
-        address: int,
-        rank: int,
-        size: int,
-        futex: Callable[..., int],
-        fence: Callable[[], Any],
-        owner: Any = None,
+        self, memory: Any, address: int, rank: int, size: int, futex: Callable[..., int], fence: Callable[[], Any]
     ) -> None:
         self.rank = rank
         self.size = size
@@ -80,7 +72,6 @@ class Doorbells:
         self._address = address
         self._futex = futex
         self._fence = fence
-        self._owner = owner
         self._mine = rank * WORDS
         self._peers = tuple(peer * WORDS for peer in range(size) if peer != rank)
         self._naps = tuple(_timespec(nap) for nap in (config.NAP_SECONDS, config.IDLE_NAP_SECONDS))
