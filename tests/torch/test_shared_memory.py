@@ -54,6 +54,17 @@ def test_no_segment_can_be_made() -> None:
     assert "no shared memory for the agreement board" in done.stderr + done.stdout
 
 
+def test_no_room_for_the_host_path() -> None:
+    done = run(torchrun(2, "no-data"), timeout=180)
+    expect_passed(done, 2)
+    assert (done.stderr + done.stdout).count("the host path is off") == 1
+
+
+def test_ranks_agree_on_one_host_path_limit() -> None:
+    done = run(torchrun(3, "limits"), timeout=180)
+    expect_passed(done, 3)
+
+
 def test_communicator_churn_keeps_memory_flat() -> None:
     done = run(torchrun(2, "churn", "150"), timeout=400)
     expect_passed(done, 2)

@@ -1,6 +1,6 @@
 """The board's shared memory under the conditions users meet, on real ranks under torchrun.
 
-usage: shared_memory.py full | mesh | unmade | churn N | stopped
+usage: shared_memory.py full | mesh | unmade | no-data | limits | churn N | stopped
 
 - full: run in a private mount namespace whose /dev/shm is a tiny tmpfs that another process
   filled (tests/torch/test_shared_memory.py): ``init_process_group("denseccl")``, repeated small
@@ -11,6 +11,12 @@ usage: shared_memory.py full | mesh | unmade | churn N | stopped
   and a subgroup of the even ranks: every group's all_reduce right, each on a board of its own.
 - unmade: the host's first rank cannot make a segment (``memfd_create`` fails with ENOMEM, as
   where memory is short): every rank falls back to gloo's round together, with results right.
+- no-data: the host's first rank has room for the board but not for the host path's data area
+  (``posix_fallocate`` fails above 64 KiB): every rank keeps the board, none has the host path
+  ("the host path is off" logged once), results right.
+- limits: the ranks set different ``DENSECCL_HOST_PATH`` (rank r: 1024 * (r + 1)): they keep
+  the board and all take the smallest limit (before, the segment's sizes differed and every
+  rank dropped the board).
 - churn N: N communicators made and closed, each through ``denseccl.init`` and through torch's
   ``new_group``/``destroy_process_group``: this process's mappings, descriptors and segments
   stay flat (the same after the last as after the first few).
@@ -105,6 +111,31 @@ def unmade(check: Checker, rank: int, size: int) -> None:
     comm.close()
 
 
+def no_data(check: Checker, rank: int, size: int) -> None:
+    if rank == 0:
+        real = os.posix_fallocate
+
+        def small_only(descriptor: int, offset: int, length: int) -> None:
+            if length > 65536:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(descriptor, offset, length)
+
+        os.posix_fallocate = small_only  # type: ignore[assignment]
+    comm = denseccl.init(backend="gloo")
+    check.check(isinstance(comm.control, SharedControl) and comm.control.board is not None, "no-data: no board")
+    check.check(comm.transport.host is None, "no-data: a host path without its data area")
+    calls(check, comm, rank, size, "no-data")
+    comm.close()
+
+
+def limits(check: Checker, rank: int, size: int) -> None:
+    comm = denseccl.init(backend="gloo")
+    host = comm.transport.host
+    check.check(host is not None and host.limit == 1024, f"limits: rank {rank} has host path {host and host.limit}")
+    calls(check, comm, rank, size, "limits")
+    comm.close()
+
+
 def footprint() -> Tuple[int, int, int]:
     """This process's mappings, open descriptors and mapped memfd segments."""
     with open("/proc/self/maps") as maps:
@@ -125,6 +156,8 @@ def churn(check: Checker, rank: int, size: int, rounds: int) -> None:
         y = torch.ones(16)
         dist.all_reduce(y, group=group)
         dist.destroy_process_group(group)
+        dist.destroy_process_group()  # and the default group, as an elastic restart does
+        dist.init_process_group("denseccl")
         check.check(float(x[0]) == size * (size + 1) / 2 * size and float(y[0]) == size, f"churn: round {round_}")
         if round_ in (4, rounds - 1):
             marks.append(footprint())
@@ -171,6 +204,8 @@ def stopped(check: Checker, rank: int, size: int) -> None:
 def main() -> None:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     scenario = sys.argv[1]
+    if scenario == "limits":  # read once, at the first communicator
+        os.environ["DENSECCL_HOST_PATH"] = str(1024 * (rank + 1))
     check = Checker(f"shm-{scenario}", rank, size)
     if scenario == "full":
         full(check, rank, size)
@@ -178,6 +213,10 @@ def main() -> None:
         mesh(check, rank, size)
     elif scenario == "unmade":
         unmade(check, rank, size)
+    elif scenario == "no-data":
+        no_data(check, rank, size)
+    elif scenario == "limits":
+        limits(check, rank, size)
     elif scenario == "stopped":
         stopped(check, rank, size)
     else:
