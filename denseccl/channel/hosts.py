@@ -138,7 +138,12 @@ def open_host_board(
         if size > 1 and local == 0:
             handout, data_bytes, failure = _handout(bells, data_start, data_bytes, size)
             if handout is not None:
-                made = segment.Segment.map_descriptor(handout.descriptor, _total(bells, data_start, data_bytes))
+                try:
+                    made = segment.Segment.map_descriptor(handout.descriptor, _total(bells, data_start, data_bytes))
+                except OSError as error:
+                    failure = f"cannot map the segment made: {error}"
+                    handout.close()
+                    handout = None
         announced = f"{handout.name} {data_bytes}" if handout is not None else ""
         names = channel.allgather_bytes(announced.encode(), deadline)
         if size > 1 and local != 0:
