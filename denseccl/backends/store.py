@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence
 from .. import config, log
 from ..channel.shared import open_shared
 from ..errors import DenseCCLError, timeout_error
-from ..channel.base import ControlChannel
+from ..channel.base import ControlChannel, StoreNews
 from .base import is_timeout, split_members
 
 _MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
@@ -48,36 +48,6 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
                 raise
 
 
-class StoreNews:
-    """The "gave up" news of a round that carries none itself (a gloo group's, a store's): a key
-    on the launch's store, written by the rank that gives up, read at most every
-    :data:`config.WATCH_SECONDS` (a store operation is a network round)."""
-
-    def __init__(self, store: Any, key: str) -> None:
-        self._store, self._key = store, key
-        self._heard: Optional[int] = None
-        self._next = 0.0
-
-    def tell(self, rank: int) -> None:
-        """Leave the news (best effort: a store that is gone cannot carry it)."""
-        try:
-            self._store.set(self._key, str(rank))
-        except Exception as error:  # noqa: BLE001 - telling is best effort
-            log.warning("could not leave the news that rank %d gave up on the store: %s", rank, error)
-
-    def heard(self) -> Optional[int]:
-        """The rank that gave up, or None (cheap between two reads of the store)."""
-        now = time.monotonic()
-        if self._heard is None and now >= self._next and self._store is not None:
-            self._next = now + config.WATCH_SECONDS
-            try:
-                if self._store.check([self._key]):
-                    self._heard = int(bytes(self._store.get(self._key)).decode())
-            except Exception:  # noqa: BLE001 - a store that is gone brings no news
-                pass
-        return self._heard
-
-
 class StoreControl(ControlChannel):
     """Agreement traffic through a key-value store, under ``prefix``."""
 
@@ -91,7 +61,7 @@ class StoreControl(ControlChannel):
         self._sequence = 0
         self._splits = 0
         self._multi_get = getattr(store, "multi_get", None)
-        self._news = StoreNews(store, f"{self.prefix}/gave_up")
+        self._news = StoreNews(store, f"{self.prefix}/gave_up", size)
 
     def __repr__(self) -> str:
         return f"<StoreControl {self.prefix} rank {self.rank} of {self.size}>"
@@ -216,5 +186,5 @@ def open_store_control(store: Any, rank: int, size: int, prefix: str, deadline: 
 
 
 __all__ = [
-    "SoloControl", "StoreControl", "StoreNews", "gloo_leaders", "open_store_control", "tcp_store", "wait_for_keys",
+    "SoloControl", "StoreControl", "gloo_leaders", "open_store_control", "tcp_store", "wait_for_keys",
 ]

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, NoReturn, Optional, Protocol, Sequence
 
+from .. import config, log
 from ..errors import DenseCCLError
 
 #: answers of the agreement step (``all_equal`` with a tag): falsy only when the
@@ -112,4 +114,35 @@ class ControlChannel(ABC):
         self.close()
 
 
-__all__ = ["DIFFERENT", "MIXED_TAGS", "SAME", "UNPLANNED", "ControlChannel", "Flag", "GaveUpFlag"]
+class StoreNews:
+    """The "gave up" news of a round that carries none itself (a gloo group's, a store's): a key
+    on the launch's store, written by the rank that gives up, read at most every
+    :data:`config.WATCH_SECONDS` (a store operation is a network round)."""
+
+    def __init__(self, store: Any, key: str, size: int) -> None:
+        self._store, self._key = store, key
+        self._heard: Optional[int] = None
+        #: the first read comes a while after the channel was made; a rank alone reads nothing
+        self._next = time.monotonic() + config.WATCH_SECONDS if size > 1 else float("inf")
+
+    def tell(self, rank: int) -> None:
+        """Leave the news (best effort: a store that is gone cannot carry it)."""
+        try:
+            self._store.set(self._key, str(rank))
+        except Exception as error:  # noqa: BLE001 - telling is best effort
+            log.warning("could not leave the news that rank %d gave up on the store: %s", rank, error)
+
+    def heard(self) -> Optional[int]:
+        """The rank that gave up, or None (cheap between two reads of the store)."""
+        now = time.monotonic()
+        if self._heard is None and now >= self._next:
+            self._next = now + config.WATCH_SECONDS
+            try:
+                if self._store.check([self._key]):
+                    self._heard = int(bytes(self._store.get(self._key)).decode())
+            except Exception:  # noqa: BLE001 - a store that is gone brings no news
+                pass
+        return self._heard
+
+
+__all__ = ["DIFFERENT", "MIXED_TAGS", "SAME", "UNPLANNED", "ControlChannel", "Flag", "GaveUpFlag", "StoreNews"]

@@ -29,9 +29,8 @@ from ...channel.shared import SharedControl, open_shared
 from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, peer_gave_up_error, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
-from ...channel.base import ControlChannel
+from ...channel.base import ControlChannel, StoreNews
 from ..base import Pending, Start, Transport, is_timeout, split_members
-from ..store import StoreNews
 from .held import Held
 from .host import HostPath, area_bytes, average
 
@@ -355,7 +354,7 @@ class GlooControl(_GlooGroup, ControlChannel):
         self._max = c10d.AllreduceOptions()
         self._max.reduceOp = _RED.MAX  # type: ignore[assignment]  # torch takes the RedOpType
         #: gloo carries no notes: the "gave up" news is a key on the store
-        self._news = StoreNews(store, f"{prefix}gave_up")
+        self._news = StoreNews(store, f"{prefix}gave_up", self.size)
 
     def give_up(self) -> None:
         self._news.tell(self.rank)
