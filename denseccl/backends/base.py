@@ -1,4 +1,5 @@
-"""What every backend offers the core: a transport, a control channel, pending operations.
+"""What every backend offers the core: a transport and its pending operations (the control
+channel's interface is denseccl/channel/base.py).
 
 A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
 nothing about layouts: pointers are the starts of storage spans, counts are element counts
@@ -6,9 +7,8 @@ nothing about layouts: pointers are the starts of storage spans, counts are elem
 (validation, the agreement, the engine, the waits) is written once, and a backend is only its
 library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
 :class:`Start`); a backend whose repeated calls the ranks must decide together (MPI's
-persistent requests) does so in :attr:`Start.step`, the agreement step it is handed. A
-:class:`ControlChannel` carries the agreement and the "a peer gave up" news; :func:`abandon`
-keeps whatever a transfer that cannot be cancelled may still touch.
+persistent requests) does so in :attr:`Start.step`, the agreement step it is handed.
+:func:`abandon` keeps whatever a transfer that cannot be cancelled may still touch.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ assumed beyond what the provider's fence gives.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from .. import config
 from ..errors import peer_gave_up_error
@@ -40,23 +40,13 @@ def usable_here() -> bool:
     return config.settings().shared_agreement
 
 
-class Owner(Protocol):
-    """What provides a board's page (an MPI window, a mapping) and outlives it."""
-
-    def close(self) -> None:
-        """The board no longer reads the page (local: peers need not take part)."""
-
-    def retire(self) -> None:
-        """The board stops, but a wait may still read its flag: keep the page mapped."""
-
-
 class Board:
     """One communicator's board: ``all_equal`` is the agreement step for its ``size`` ranks.
 
     ``memory``: a writable buffer of :func:`page_bytes` that every rank maps, zeroed;
     ``fence``: the full memory barrier that orders its stores and loads across ranks (the
-    fence.py's, or none between threads); ``owner``: what provides ``memory``, told when
-    the board closes or retires. ``data``: shared memory beside the page that a transport moves
+    fence.py's, or none between threads); ``owner``: the segment that provides ``memory``
+    (segment.py), closed with the board. ``data``: shared memory beside the page that a transport moves
     small calls through, ordered by the board's steps (backends/gloo/host.py), or None."""
 
     def __init__(
@@ -66,7 +56,7 @@ class Board:
         size: int,
         crowded: bool = False,
         fence: Optional[Callable[[], Any]] = None,
-        owner: Optional[Owner] = None,
+        owner: Any = None,
         data: Optional[memoryview] = None,
     ) -> None:
         self.rank = rank
@@ -172,16 +162,14 @@ class Board:
         self.flag.release()  # idempotent
         self._words.release()
         self.data = None
-        owner, self._owner = self._owner, None
-        if owner is not None:
-            owner.close()
+        self.retire()
 
     def retire(self) -> None:
         """Stop using the page while a wait may still read the flag (a Work in flight when its
-        communicator closed): the views stay readable, and the page stays mapped."""
+        communicator closed): the views stay readable, and they keep the page mapped."""
         owner, self._owner = self._owner, None
         if owner is not None:
-            owner.retire()
+            owner.close()
 
 
 def page_bytes(size: int) -> int:

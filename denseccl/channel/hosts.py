@@ -1,24 +1,18 @@
-"""Which ranks of a communicator share a host, and their board, set up without MPI.
+"""Which ranks of a communicator share a host, and their board, set up once over the launch's
+round (MPI's, gloo's, a store's) when the communicator is made. The ranks first exchange:
 
-Why: under torchrun, ``mp.spawn``, Lightning or Ray the ranks meet on a key-value store and
-share nothing else; the agreement step would then be a gloo round trip or four store operations
-per call. Once, when a communicator is made, its ranks exchange over its control channel
-(whose own setup went through the store) who they are:
-
-- their host: the host name, the boot id (``/proc/sys/kernel/random/boot_id``) and their network
-  namespace, where the hand-over socket lives (segment.py): ranks share a board only when all
-  three agree, so containers or simulated hosts with a network of their own are told apart;
+- their host: host name, boot id (``/proc/sys/kernel/random/boot_id``) and network namespace,
+  where the hand-over socket lives (segment.py), so that containers or simulated hosts with a
+  network of their own are told apart;
 - their placement (affinity mask, cgroup quota: cores.py) for the crowded judgement;
 - what they can do: boards on (``DENSECCL_SHARED_AGREEMENT``), a fence (fence.py), a futex, and
   the host path's limit (``DENSECCL_HOST_PATH``: the smallest wins).
 
-Then the first rank of each host makes the host's segment (segment.py) and announces its socket
-in a second exchange; every other rank of the host connects and says so in a third; the first
-rank hands the segment to each, and a fourth exchange says that every rank mapped it. A segment
-that cannot be made (no memory for its data area: it is made without one; none at all), handed
-over or mapped is "no shared memory" on every rank of every host, which then agree through the
-channel given. Every decision is made from what every rank sent, so every rank takes the same
-path: boards on every host, or none.
+Then each host's first rank makes its segment and announces its socket; the others connect and
+say so; the first rank hands the segment to each, and a last exchange says whether every rank
+mapped it. Any failure (where memory is short, the data area is left out first) is "no shared
+memory" on every rank, which then agree through the round. Every decision is made from what
+every rank sent, so every rank takes the same path: boards on every host, or none.
 """
 
 from __future__ import annotations
@@ -122,7 +116,7 @@ def open_host_board(
     to the others (module docstring). ``(ok, board, doorbells)``: ok on every rank or on none;
     the board is None on a rank alone on its host. Records the host's crowding (and its
     doorbells, which the caller forgets at close) in ``wait.WAITING``; ``sleepy``: wait as on a
-    crowded host whatever the judgement (see control.open_shared). ``data_bytes``: the size of
+    crowded host whatever the judgement (see shared.open_shared). ``data_bytes``: the size of
     the board's data area wanted (``Board.data``, page-aligned, after the page and the doorbells;
     the segment is made without one where there is no room for it)."""
     ranks = layout.ranks
@@ -136,46 +130,33 @@ def open_host_board(
     failure = ""
     try:
         if size > 1 and local == 0:
-            handout, data_bytes, failure = _handout(bells, data_start, data_bytes, size)
-            if handout is not None:
-                try:
-                    made = segment.Segment.map_descriptor(handout.descriptor, _total(bells, data_start, data_bytes))
-                except OSError as error:
-                    failure = f"cannot map the segment made: {error}"
-                    handout.close()
-                    handout = None
+            handout, made, data_bytes, failure = _make(bells, data_start, data_bytes, size)
         announced = f"{handout.name} {data_bytes}" if handout is not None else ""
         names = channel.allgather_bytes(announced.encode(), deadline)
         if size > 1 and local != 0:
             name, _, area = names[ranks[0]].decode().partition(" ")
             data_bytes = int(area or 0)
             try:
-                connection = segment.connect(name) if name else None
+                connection = segment.connect(name)  # an empty name: the first rank made none
             except OSError as error:
-                failure = f"cannot reach the host's first rank: {error}"
-        if size > 1:
-            failure = failure or ("" if names[ranks[0]] else "the host's first rank made no segment")
+                failure = f"cannot reach the host's first rank's segment: {error}"
         connected = channel.allgather_bytes(b"" if failure else b"1", deadline)
-        if handout is not None:
-            try:
-                handout.give(sum(1 for r in ranks[1:] if connected[r]), deadline)
-            except OSError as error:
-                failure = f"cannot hand the segment over: {error}"
-            finally:
-                handout.close()  # a peer still waiting then reads the end of its connection
-                handout = None
-        if connection is not None:
-            try:
-                made = segment.receive(connection, _total(bells, data_start, data_bytes), deadline)
-            except OSError as error:
-                failure = f"cannot map the segment handed over: {error}"
-            connection = None
+        nbytes = data_start + data_bytes if data_bytes else bells
+        try:
+            if handout is not None:
+                try:
+                    handout.give(sum(1 for r in ranks[1:] if connected[r]), deadline)
+                finally:  # a peer still waiting for the segment then reads the end of its connection
+                    handout.close()
+            if connection is not None:
+                made = segment.receive(connection, nbytes, deadline)
+        except OSError as error:
+            failure = f"cannot hand the segment over: {error}"
         every = channel.allgather_bytes(failure.encode(), deadline)
     finally:
-        if handout is not None:
-            handout.close()
-        if connection is not None:
-            connection.close()
+        for end in (handout, connection):
+            if end is not None:
+                end.close()
     reasons = sorted({reason.decode() for reason in every if reason})
     if reasons:
         WAITING.note(layout.crowded[layout.mine])
@@ -201,26 +182,27 @@ def open_host_board(
     return True, board, doorbells
 
 
-def _total(bells: int, data_start: int, data_bytes: int) -> int:
-    """A segment's size: the page and the doorbells, then the data area on pages of its own."""
-    return data_start + data_bytes if data_bytes else bells
-
-
-def _handout(bells: int, data_start: int, data_bytes: int, size: int) -> Tuple[Optional[segment.Handout], int, str]:
-    """The host's segment, ready to hand over: ``(handout, data bytes, why none)``. Without its
-    data area where there is no room for it (one log line), None where there is none at all."""
+def _make(bells: int, data_start: int, data_bytes: int, size: int) -> Tuple[Any, Any, int, str]:
+    """The host's segment, mapped and ready to hand over: ``(handout, segment, data bytes, why
+    none)``. Without its data area where there is no room for it (one log line)."""
+    nbytes = data_start + data_bytes if data_bytes else bells
     try:
-        descriptor = segment.Segment.make(_total(bells, data_start, data_bytes))
+        descriptor = segment.Segment.make(nbytes)
     except OSError as error:
         if not data_bytes:
-            return None, 0, f"no memory for a segment of {bells} bytes: {error}"
+            return None, None, 0, f"no memory for a segment of {bells} bytes: {error}"
         log.warning("the host path is off: no memory for its %d bytes of shared memory (%s)", data_bytes, error)
-        return _handout(bells, data_start, 0, size)
+        return _make(bells, data_start, 0, size)
     try:
-        return segment.Handout(descriptor, size), data_bytes, ""
+        handout = segment.Handout(descriptor, size)
     except OSError as error:
         os.close(descriptor)
-        return None, 0, f"no socket to hand the segment over: {error}"
+        return None, None, 0, f"no socket to hand the segment over: {error}"
+    try:
+        return handout, segment.Segment.map_descriptor(descriptor, nbytes), data_bytes, ""
+    except OSError as error:
+        handout.close()
+        return None, None, 0, f"cannot map the segment made: {error}"
 
 
 def exchange_about(channel: ControlChannel, deadline: Optional[float]) -> Layout:

@@ -1,4 +1,4 @@
-"""A board's page without MPI: anonymous shared memory (``memfd_create``) that a host's first rank
+"""The board's page: anonymous shared memory (``memfd_create``) that a host's first rank
 makes and hands to the host's other ranks over a Unix socket (``SCM_RIGHTS``).
 
 Why not a file in /dev/shm (``shm_open``, ``multiprocessing.shared_memory``):
@@ -93,10 +93,6 @@ class Segment:
         except BufferError:  # a view still reads it (doorbells, a retired board's flag): it holds the mapping
             pass
 
-    def retire(self) -> None:
-        """The board stops while a wait may still read its flag: that view holds the mapping."""
-        self.close()
-
 
 class Handout:
     """The creator's side of the hand-over: a listening abstract socket for ``descriptor``."""
@@ -127,8 +123,11 @@ class Handout:
                 socket.send_fds(connection, [b"s"], [self.descriptor])
 
     def close(self) -> None:
+        """Stop listening and close the descriptor (the mappings stay); again: nothing."""
         self._socket.close()
-        os.close(self.descriptor)
+        descriptor, self.descriptor = self.descriptor, -1
+        if descriptor >= 0:
+            os.close(descriptor)
 
 
 def connect(name: str) -> socket.socket:

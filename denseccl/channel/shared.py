@@ -1,14 +1,10 @@
-"""The control channel of ranks that met without MPI: the agreement step on their host's board,
-and across hosts among one leader per host (:class:`SharedControl`); :func:`open_shared` builds
-it, or keeps the channel it is given where no board can be made.
-
-Why: the gloo engine's control channel (a gloo group) costs a TCP round trip per call, the store
-channel of the NCCL path four store operations per call through one server. On one host the
-board answers the agreement step with no message at all. Across hosts, each host agrees on its
-board first, then the hosts' first ranks (the leaders) agree over a channel of their own (a gloo
-group of the leaders), then each leader posts the answer back on its host's board: per call one
-leader round, never a store operation. Everything that is not the agreement step (full
-descriptors on a mismatch, splits) keeps going over the channel given (``inner``).
+"""The one board channel: :class:`SharedControl` wraps any round (an MPI allreduce, a gloo
+group, a key-value store) so that the ranks of a host take the agreement step on their board,
+with no message; :func:`open_shared`, the one set-up every launch takes, builds it, or keeps the
+round where no board can be made. Across hosts (store launches), each host agrees on its board,
+then the hosts' first ranks (the leaders) over a channel of their own (a gloo group), then each
+leader posts the answer on its board: per call one leaders' round, never a store operation.
+Everything but the agreement step (full descriptors on a mismatch, splits) goes over the round.
 """
 
 from __future__ import annotations
@@ -60,13 +56,11 @@ class SharedControl(ControlChannel):
 
     def path(self) -> str:
         """The agreement path in words (logs, the tests)."""
+        if len(self.layout.hosts) > 1:  # its board waits always sleep: they last a leaders' round
+            among = self.leaders.path() if self.leaders is not None else "this rank is no leader"
+            return f"a board per host on {describe(self.layout)}, then one round among their leaders ({among})"
         waits = ", waits sleep" if self.board is not None and self.board.crowded and not self.crowded else ""
-        if len(self.layout.hosts) > 1:
-            waits = ""  # always: a board wait across hosts lasts a leaders' round
-        if len(self.layout.hosts) == 1:
-            return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded}{waits})"
-        among = self.leaders.path() if self.leaders is not None else "this rank is no leader"
-        return f"a board per host on {describe(self.layout)}{waits}, then one round among their leaders ({among})"
+        return f"shared-memory board ({self.size} ranks on this host, crowded={self.crowded}{waits})"
 
     def all_equal(self, value: int, invalid: bool, deadline: Optional[float], tag: int = UNPLANNED) -> int:
         """Across hosts: the host's board, the leaders' round, the leader's answer on the board

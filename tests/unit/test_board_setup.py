@@ -209,6 +209,37 @@ def test_threads_meet_on_one_board_and_leave_nothing(size: int) -> None:
 
 
 @needs_shm
+@pytest.mark.parametrize("fault", ["make", "receive"])
+def test_a_failed_segment_is_no_board_on_every_rank_at_once(monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """The first rank cannot make the segment (no memory), or one peer cannot map what it was
+    handed: every rank falls back to the round, none waits for the deadline, nothing stays
+    mapped."""
+    before = mine()
+    if fault == "make":
+        def full(descriptor: int, offset: int, length: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+    else:
+        real = segment.receive
+        calls: List[int] = []
+
+        def receive(*args: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 2:  # the second receiver to map fails
+                args[0].close()
+                raise OSError("mmap failed")
+            return real(*args)
+
+        monkeypatch.setattr(segment, "receive", receive)
+    started = time.monotonic()
+    controls = together(3, lambda channel: open_shared(channel, time.monotonic() + 30))
+    assert all(isinstance(control, ThreadChannel) for control in controls)
+    assert time.monotonic() - started < 10
+    assert mine() == before
+
+
+@needs_shm
 def test_no_board_anywhere_when_one_rank_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     real = hosts.about_me
     asked: List[int] = []
