@@ -9,6 +9,7 @@ message at all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -24,7 +25,6 @@ from ..errors import DenseCCLError
 DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
 #: the tag of a call that holds no persistent request and may not set one up (the general path)
 UNPLANNED = -1
-
 
 
 class Flag(Protocol):
@@ -134,14 +134,11 @@ class StoreNews:
 
     def heard(self) -> Optional[int]:
         """The rank that gave up, or None (cheap between two reads of the store)."""
-        now = time.monotonic()
-        if self._heard is None and now >= self._next:
-            self._next = now + config.WATCH_SECONDS
-            try:
+        if self._heard is None and time.monotonic() >= self._next:
+            self._next = time.monotonic() + config.WATCH_SECONDS
+            with contextlib.suppress(Exception):  # a store that is gone brings no news
                 if self._store.check([self._key]):
                     self._heard = int(bytes(self._store.get(self._key)).decode())
-            except Exception:  # noqa: BLE001 - a store that is gone brings no news
-                pass
         return self._heard
 
 

@@ -79,10 +79,8 @@ class SharedControl(ControlChannel):
         """The board, where every rank of the channel shares this host and the board has a data
         area (``open_shared``'s ``data_bytes``): a transport may move small calls through it,
         each ordered by the step of its call (``Board.parity``). Else None."""
-        board = self.board
-        if len(self.layout.hosts) == 1 and board is not None and board.data is not None:
-            return board
-        return None
+        one_host = len(self.layout.hosts) == 1
+        return self.board if one_host and self.board is not None and self.board.data is not None else None
 
     def allreduce_max(self, values: Sequence[int], deadline: Optional[float]) -> Sequence[int]:
         return self.inner.allreduce_max(values, deadline)
