@@ -18,6 +18,7 @@ import torch
 
 from .. import config
 from ..communicator import Communicator
+from ._tensors import land
 
 
 def as_list(tensors: Any) -> List[torch.Tensor]:
@@ -120,7 +121,7 @@ def one_step(
 
     def finish() -> List[torch.Tensor]:
         if copy_into is not None:
-            copy_into.copy_(work.result)
+            land(copy_into, work.result)
         return [output]
 
     return [work], finish

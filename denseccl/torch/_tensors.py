@@ -114,3 +114,10 @@ def not_dense_message(name: str, t: torch.Tensor) -> str:
         "or repeats elements. Pass a dense tensor (t.contiguous(), or t.clone(memory_format=...)) and copy "
         "the result back if you need it there"
     )
+
+
+def land(out: torch.Tensor, received: torch.Tensor) -> None:
+    """Write a staged result into the caller's ``out`` as a library writes raw memory: with
+    autograd not watching, so that a leaf that requires grad (a pipeline stage's receive buffer)
+    takes it, as gloo and NCCL fill such a tensor in place."""
+    out.detach().copy_(received)

@@ -20,6 +20,7 @@ from ..communicator import Communicator
 from ..errors import ArgumentError, LayoutError, MismatchError
 from ..wait import deadline_after, wait_until
 from ._issue import Issue
+from ._tensors import land
 
 #: what an engine's recv returns: the step, then (once it completed) the source rank and the
 #: bytes received (None where the engine cannot tell)
@@ -214,7 +215,7 @@ def all_to_all_single(
 
         def finish() -> List[torch.Tensor]:
             if target is not out:
-                out.copy_(target)
+                land(out, target)
             return [out]
 
         return [step], finish
@@ -256,7 +257,7 @@ def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], input
 
         def finish() -> List[torch.Tensor]:
             for out, received in zip(outputs, target.split(agreed["recv"])):
-                out.copy_(received.view(out.shape))
+                land(out, received.view(out.shape))
             return outputs
 
         return [step], finish
@@ -294,7 +295,7 @@ def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[
                     f"({out.dtype}, shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
                 )
             if target is not out:
-                out.copy_(target)
+                land(out, target)
             return tensors
 
         return [step], finish

@@ -26,6 +26,7 @@ from ._tensors import (
     is_dense,
     is_stacked,
     key_of,
+    land,
     not_dense_message,
     overlap,
     stack_like,
@@ -119,7 +120,7 @@ class GatherScatter:
             def finish() -> Any:
                 for work, outs in zip(works, targets):
                     for r, out in enumerate(outs):
-                        out.copy_(work.result[r])
+                        land(out, work.result[r])
                 return value
 
             return works, finish
@@ -203,7 +204,7 @@ class GatherScatter:
             def finish() -> List[torch.Tensor]:
                 for out, work in zip(outputs, works):
                     if work.result is not out:
-                        out.copy_(work.result)
+                        land(out, work.result)
                 return outputs
 
             return works, finish
@@ -294,7 +295,7 @@ class GatherScatter:
             work = comm.broadcast(stack, root, async_op=True)
 
             def finish() -> List[torch.Tensor]:
-                out.copy_(stack[self._group_rank])
+                land(out, stack[self._group_rank])
                 return [out]
 
             return [work], finish

@@ -380,6 +380,23 @@ elif rank == 1:
     source = dist.recv(y, tag=3)  # from any source
     check.equal("recv from any source", y, values(seed, 0, (2, 3, 4, 5), F64), strides=y.stride())
     check.check(source == 0, f"recv any source reports rank 0 (got {source})")
+# receive buffers as torch.distributed.pipelining makes them: the sender's strides, a leaf that
+# requires grad (a copy into it under autograd raised "a leaf Variable that requires grad")
+seed = next(seeds)
+if rank == 0:
+    dist.send(values(seed, 0, (2, 4), F32), dst=1, tag=7)
+    dist.send(values(seed + 1, 0, (2, 3, 4, 5), F32).contiguous(memory_format=torch.channels_last), dst=1, tag=8)
+elif rank == 1:
+    leaf = torch.empty_strided((2, 4), (1, 2)).requires_grad_(True)
+    dist.recv(leaf, src=0, tag=7)
+    check.equal("recv into a column-major leaf that requires grad", leaf.detach(), values(seed, 0, (2, 4), F32),
+                strides=(1, 2))
+    image = torch.empty((2, 3, 4, 5), memory_format=torch.channels_last).requires_grad_(True)
+    work = dist.irecv(image, src=0, tag=8)
+    work.wait()
+    check.equal("irecv into a channels-last leaf that requires grad", image.detach(),
+                values(seed + 1, 0, (2, 3, 4, 5), F32), strides=image.stride())
+    check.check(image.requires_grad and image.is_leaf and image.grad_fn is None, "the leaf is still a leaf")
 # a message shorter than the posted receive is MPI's to detect (the received count);
 # under torchrun the CPU engine is gloo, whose recv takes the sender's size as it comes
 UNDER_MPI = "TORCHELASTIC_RUN_ID" not in os.environ
