@@ -1,6 +1,7 @@
 """A channels-last pipeline's step on the denseccl backend against gloo, which needs row-major
 tensors at every stage boundary: ``.contiguous()`` before the send, back to channels-last after
-the receive, and a hook that makes the gradient sent back row-major too. Two stages of convolutions, GPipe, alternating rounds in one job::
+the receive, and a hook that makes the gradient sent back row-major too. Two stages of
+convolutions, GPipe, alternating rounds in one job::
 
     torchrun --standalone --nproc-per-node 2 examples/bench_pipeline.py [--batch 32] [--channels 64] [--side 56]
 
