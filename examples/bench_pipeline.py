@@ -5,7 +5,7 @@ convolutions, GPipe, alternating rounds in one job::
 
     torchrun --standalone --nproc-per-node 2 examples/bench_pipeline.py [--batch 32] [--channels 64] [--side 56]
 
-Prints the median step time of each (ms) and their ratio; docs/torch.md has the figures.
+Prints the median step time of each (ms) and their ratio.
 """
 
 from __future__ import annotations

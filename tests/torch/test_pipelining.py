@@ -1,9 +1,9 @@
 """torch.distributed.pipelining on the backend (tests/torch/ranks/pipelining.py): every schedule
 of the installed torch, hand-built stages (and traced ones for GPipe and 1F1B), row-major,
-column-major, permuted and channels-last activations, against a single-process run; the activations cross stage boundaries in the
-layout they were made in. Before staged receives landed with autograd not watching, every
-non-row-major run raised "a leaf Variable that requires grad is being used in an in-place
-operation" on the receiving stage."""
+column-major, permuted and channels-last activations, against a single-process run; the
+activations cross stage boundaries in the layout they were made in. Before staged receives
+landed with autograd not watching, every non-row-major run raised "a leaf Variable that
+requires grad is being used in an in-place operation" on the receiving stage."""
 
 from __future__ import annotations
 
