@@ -5,6 +5,7 @@ ranks talk through it."""
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 from datetime import timedelta
@@ -91,3 +92,25 @@ def test_solo_control():
     assert solo.allreduce_max([1, 2], None) == [1, 2]
     assert solo.allgather_bytes(b"x", None) == [b"x"]
     assert solo.split(None, 0, None) is None and solo.split(0, 0, None).size == 1
+
+
+def test_a_rank_that_gives_up_leaves_the_news_on_the_store(server, monkeypatch) -> None:
+    """The store round carries no notes: a rank that gives up (a timeout, an interrupt) leaves a
+    key that its peers read, at most every WATCH_SECONDS and never in a channel of one rank
+    (whose calls make no store operation)."""
+    from denseccl import config
+
+    monkeypatch.setattr(config, "WATCH_SECONDS", 0.05)
+    ranks = [StoreControl(server, rank, 3, "test/news") for rank in range(3)]
+    assert [control.peer_gave_up() for control in ranks] == [None, None, None]
+    ranks[1].give_up()
+    deadline = time.monotonic() + 5
+    while ranks[2].peer_gave_up() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ranks[2].peer_gave_up() == 1 and ranks[0].gave_up_flag()[0] in (0, 1)
+    from tests.support.counting_store import CountingStore
+
+    counted = CountingStore(server)
+    alone = StoreControl(counted, 0, 1, "test/news")
+    time.sleep(0.1)
+    assert alone.peer_gave_up() is None and alone.gave_up_flag()[0] == 0 and counted.ops == 0
