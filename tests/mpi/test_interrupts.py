@@ -24,7 +24,7 @@ WAITS = [("agreement", "inplace"), ("agreement", "out"), ("transfer", "out")]
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("shared", ["1", "0"], ids={"1": "board", "0": "mpi"}.get)
 @pytest.mark.parametrize("wait,form", WAITS, ids=[f"{w}-{f}" for w, f in WAITS])
-def test_interrupt_in_a_wait(wait: str, form: str, shared: str, ranks: int) -> None:
+def test_interrupt_in_a_wait(wait: str, form: str, shared: str, ranks: int, tmp_path: Path) -> None:
     done = run_ranks(ranks, PROGRAM, [wait, form, 512], timeout=100, expect_failure=None,
-                     env={"DENSECCL_SHARED_AGREEMENT": shared})
+                     env={"DENSECCL_SHARED_AGREEMENT": shared, "INTERRUPT_DIR": str(tmp_path)})
     expect_summaries(done.stdout, f"interrupts-{wait}", ranks)

@@ -32,8 +32,9 @@ CASES = [
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("wait,form,elements,shared", CASES, ids=[f"{w}-{f}-board{s}" for w, f, _, s in CASES])
-def test_interrupt_in_a_wait(wait: str, form: str, elements: int, shared: str, ranks: int) -> None:
+def test_interrupt_in_a_wait(wait: str, form: str, elements: int, shared: str, ranks: int, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
                str(PROGRAM), wait, form, str(elements)]
-    done = run(command, timeout=120, expect_failure=None, env={"DENSECCL_SHARED_AGREEMENT": shared})
+    done = run(command, timeout=120, expect_failure=None,
+               env={"DENSECCL_SHARED_AGREEMENT": shared, "INTERRUPT_DIR": str(tmp_path)})
     expect_summaries(done.stdout, f"interrupts-{wait}", ranks)

@@ -90,10 +90,19 @@ def main() -> None:
         check.check(ended is not None and ended[0] <= ARMED + 1, f"a peer of the interrupted rank ended {ended}")
     check.check(comm.flow.broken is not None, "the communicator is not marked broken")
     print(f"rank {rank}: interrupted {interrupted}, ended {ended}", flush=True)
-    # the victim ends first: it leaves its peers time to end too (a rank's exit may end the job);
-    # INTERRUPT_LINGER: longer, where a peer learns of the interrupt only at its timeout
-    linger = HOLD + float(os.environ.get("INTERRUPT_LINGER", "2"))
-    check.finish(hard_exit=True, before_exit=lambda: time.sleep(linger if rank == 0 else 0.0))
+    # the victim ends first: it waits until every peer has reported (a file each in
+    # INTERRUPT_DIR), since a rank's exit may end the job
+    check.finish(hard_exit=True, before_exit=lambda: reported(rank, size, os.environ["INTERRUPT_DIR"]))
+
+
+def reported(rank: int, size: int, folder: str) -> None:
+    """A peer says it has reported; the victim waits (at most a minute) until all have."""
+    if rank:
+        open(os.path.join(folder, str(rank)), "w").close()
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(os.listdir(folder)) < size - 1:
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
