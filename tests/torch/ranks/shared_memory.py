@@ -21,8 +21,8 @@ usage: shared_memory.py full | mesh | unmade | no-data | limits | churn N | stop
   ``new_group``/``destroy_process_group``: this process's mappings, descriptors and segments
   stay flat (the same after the last as after the first few).
 - stopped: the last rank stops itself (SIGSTOP) for 6 s while rank 0 waits for it in a
-  call's agreement step; from 1.5 s to 5 s into that wait rank 0 uses under 1% of a core
-  (before waits backed off: about 10%). The call's result is right once the peer resumes.
+  call's agreement step; from 1.5 s to 5 s into that wait rank 0 uses about 1% of a core or
+  less (checked: under 3%; before waits backed off: 8-10%). The call's result is right once the peer resumes.
 """
 
 from __future__ import annotations
@@ -194,7 +194,9 @@ def stopped(check: Checker, rank: int, size: int) -> None:
         sampler.join()
         share = (samples[1] - samples[0]) / 3.5
         print(f"[idle] rank 0 used {100 * share:.2f}% of a core waiting for a stopped peer", flush=True)
-        check.check(share < 0.01, f"stopped: waiting for a stopped peer took {100 * share:.1f}% of a core")
+        # measured 0.5-1.1% (the whole process: torch's and gloo's threads too); a wait that polls
+        # or yields takes 8-10%: the bound tells the two apart without timing the machine
+        check.check(share < 0.03, f"stopped: waiting for a stopped peer took {100 * share:.1f}% of a core")
     if rank != 0:
         comm.allreduce(x)
     check.check(torch.equal(x, torch.full((64,), float(size))), f"stopped: the call gave {x[:3]}")
