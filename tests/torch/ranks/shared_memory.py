@@ -209,18 +209,10 @@ def main() -> None:
     if scenario == "limits":  # read once, at the first communicator
         os.environ["DENSECCL_HOST_PATH"] = str(1024 * (rank + 1))
     check = Checker(f"shm-{scenario}", rank, size)
-    if scenario == "full":
-        full(check, rank, size)
-    elif scenario == "mesh":
-        mesh(check, rank, size)
-    elif scenario == "unmade":
-        unmade(check, rank, size)
-    elif scenario == "no-data":
-        no_data(check, rank, size)
-    elif scenario == "limits":
-        limits(check, rank, size)
-    elif scenario == "stopped":
-        stopped(check, rank, size)
+    scenarios = {"full": full, "mesh": mesh, "unmade": unmade, "no-data": no_data, "limits": limits,
+                 "stopped": stopped}
+    if scenario in scenarios:
+        scenarios[scenario](check, rank, size)
     else:
         churn(check, rank, size, int(sys.argv[2]))
     check.done()
