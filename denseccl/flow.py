@@ -155,6 +155,7 @@ class Flow:
         #: a transfer of this communicator was abandoned: it may never complete
         self.abandoned = False
         self._gave_up = control.gave_up_flag()
+        transport.hear(control)
         #: the flight recorder of this communicator's calls (recorder.py), or None; its job id
         #: is agreed here, with the peers that create this communicator
         self.recorder = recorder_for(self.rank, self.size, transport.name, control, self.deadline())

@@ -173,6 +173,11 @@ class Transport(ABC):
         """Raise :class:`ArgumentError` or :class:`OpError` if this transport cannot apply ``op`` to ``dtype``
         (restrictions beyond the common tables in ops.py, e.g. of the library's version)."""
 
+    def hear(self, control: ControlChannel) -> None:
+        """Let this transport's own waits (those inside the library, or on a device) learn from
+        ``control`` that a peer gave up, and end then instead of at the timeout. By default
+        nothing: the engine's waits hear it themselves."""
+
     def failure(self) -> Optional[str]:
         """Why the transport became unusable on its own (a watchdog saw a timeout or an
         asynchronous error), or None."""

@@ -16,20 +16,24 @@ from __future__ import annotations
 import struct
 import time
 from datetime import timedelta
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .. import config, log
 from ..channel.shared import open_shared
-from ..errors import DenseCCLError, timeout_error
+from ..errors import DenseCCLError, peer_gave_up_error, timeout_error
 from ..channel.base import ControlChannel, StoreNews
 from .base import is_timeout, split_members
 
 _MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
 
 
-def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: str) -> None:
+def wait_for_keys(
+    store: Any, keys: List[str], deadline: Optional[float], what: str, watch: Optional[Callable[[], None]] = None
+) -> None:
     """Block until every key exists; :class:`CollectiveTimeoutError` once ``deadline`` (a
-    ``time.monotonic()`` value, None for never) has passed."""
+    ``time.monotonic()`` value, None for never) has passed. ``watch``: called every
+    :data:`config.WATCH_SECONDS` of the wait, raises if it is hopeless (a peer gave up)."""
+    piece = config.STORE_WAIT_SLICE if watch is None else config.WATCH_SECONDS
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
@@ -38,7 +42,7 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
             missing = [k for k in keys if not store.check([k])]
             shown = ", ".join(missing[:8]) + (" …" if len(missing) > 8 else "")
             raise timeout_error(what, f"missing store keys {shown}")
-        span = config.STORE_WAIT_SLICE if remaining is None else min(remaining, config.STORE_WAIT_SLICE)
+        span = piece if remaining is None else min(remaining, piece)
         try:
             store.wait(keys, timedelta(seconds=max(span, 0.001)))
             return
@@ -46,6 +50,8 @@ def wait_for_keys(store: Any, keys: List[str], deadline: Optional[float], what: 
             # torch's stores report a wait that ran out as a DistStoreError, whatever its message
             if type(error).__name__ != "DistStoreError" and not is_timeout(error):
                 raise
+        if watch is not None:
+            watch()
 
 
 class StoreControl(ControlChannel):
@@ -77,7 +83,7 @@ class StoreControl(ControlChannel):
         self._sequence += 1
         keys = [self._key(sequence, r) for r in range(self.size)]
         self.store.set(keys[self.rank], _MARK + bytes(data))
-        wait_for_keys(self.store, keys, deadline, "the agreement step")
+        wait_for_keys(self.store, keys, deadline, "the agreement step", self._watch)
         values = self._multi_get(keys) if self._multi_get is not None else [self.store.get(k) for k in keys]
         if sequence:
             # Every rank has set its key of `sequence`, so all have read `sequence - 1`.
@@ -103,6 +109,11 @@ class StoreControl(ControlChannel):
         members = split_members(entries, color)
         prefix = f"{self.prefix}/split{index}/color{color}"
         return StoreControl(self.store, members.index(self.rank), len(members), prefix)
+
+    def _watch(self) -> None:
+        who = self._news.heard()
+        if who is not None:
+            raise peer_gave_up_error(who)
 
     def give_up(self) -> None:
         self._news.tell(self.rank)

@@ -58,9 +58,13 @@ class Board:
         fence: Optional[Callable[[], Any]] = None,
         owner: Any = None,
         data: Optional[memoryview] = None,
+        member: Optional[int] = None,
     ) -> None:
         self.rank = rank
         self.size = size
+        #: this rank in its communicator (``rank`` is its place on this host's board): the
+        #: flag names it, so that every rank's error names the same rank
+        self.member = rank if member is None else member
         #: the shared data area ordered by this board's steps, or None
         self.data = data
         #: the host's ranks cannot each have a core of their own (cores.py): waits yield at once
@@ -146,14 +150,14 @@ class Board:
         """Raise the flag for this rank and retract its entries (see the module's docstring)."""
         words = self._words
         if not words[self._flag]:
-            words[self._flag] = self.rank + 1
+            words[self._flag] = self.member + 1
         for mine, _ in self._lines:
             words[mine] = -1
         self._fence()  # out to the peers now
         WAITING.ring()  # a peer asleep on its doorbell sees the flag at once
 
     def gave_up(self) -> Optional[int]:
-        """The rank that gave up on a call, or None."""
+        """The rank (in the communicator) that gave up on a call, or None."""
         who = self._words[self._flag]
         return who - 1 if who else None
 

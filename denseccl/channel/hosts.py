@@ -172,7 +172,9 @@ def open_host_board(
     fence = page_fence()
     assert fence is not None  # layout.usable: every rank has one
     data = made.view(data_start, data_start + data_bytes) if data_bytes else None
-    board = Board(made.view(0, page_bytes(size)), local, size, crowded, fence, owner=made, data=data)
+    board = Board(
+        made.view(0, page_bytes(size)), local, size, crowded, fence, owner=made, data=data, member=channel.rank
+    )
     doorbells = None
     futex = futex_call()
     if crowded and layout.futex[layout.mine] and futex is not None:

@@ -95,9 +95,11 @@ class SharedControl(ControlChannel):
         return open_shared(part, deadline, self._make_leaders, self._sleepy)
 
     def give_up(self) -> None:
-        if self.board is not None:
-            self.board.give_up()
-        self.inner.give_up()
+        """Tell this host's ranks (the board's flag), every rank (the round's news) and, on a
+        leader, the other hosts' leaders, which may be waiting for this host in their round."""
+        for part in (self.board, self.leaders, self.inner):
+            if part is not None:
+                part.give_up()
 
     def peer_gave_up(self) -> Optional[int]:
         """A peer of this host (the board's flag) or, across hosts, of another (the round's news)."""

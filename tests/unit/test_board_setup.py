@@ -360,3 +360,56 @@ def test_across_hosts_each_host_agrees_then_its_leader(monkeypatch: pytest.Monke
 
     for answers in together(4, work):
         assert answers == [answer for _, answer in cases]
+
+
+@needs_shm
+def test_a_leader_that_gives_up_tells_the_other_hosts_leaders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts of two; the leaders meet over a store channel (as the NCCL path's leaders may).
+    Host 0's leader gives up instead of calling: host 1's leader, waiting for it in the leaders'
+    round, hears it there (not at the deadline); its own give-up then ends its host peer's wait."""
+    torch_distributed = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    from denseccl import config
+    from denseccl.backends.store import StoreControl
+
+    monkeypatch.setattr(config, "WATCH_SECONDS", 0.05)
+    server = torch_distributed.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    real = hosts.about_me
+    where = threading.local()
+
+    def about() -> Dict:
+        found = real()
+        found["where"] += f"/host{where.host}"
+        return found
+
+    monkeypatch.setattr(hosts, "about_me", about)
+
+    def make_leaders(inner: ControlChannel, leader: bool, deadline: Optional[float]) -> Optional[ControlChannel]:
+        return StoreControl(server, inner.rank // 2, 2, "test/leaders") if leader else None
+
+    def work(channel: ThreadChannel) -> Any:
+        where.host = channel.rank // 2
+        control = open_shared(channel, time.monotonic() + 30, make_leaders)
+        assert control.all_equal(3, False, time.monotonic() + 30) == SAME
+        channel.meeting.barrier.wait(30)
+        try:
+            if channel.rank == 0:
+                control.give_up()
+                return "gave up"
+            if channel.rank == 1:
+                return "stayed away"
+            try:
+                control.all_equal(4, False, time.monotonic() + 20)
+            except CommunicatorBrokenError as error:
+                control.give_up()  # what the engine does with a failure that breaks
+                return f"broken: {error}"
+            return "agreed"
+        finally:
+            if control.board is not None:
+                control.board.close()
+
+    outcomes = together(4, work)
+    assert outcomes[:2] == ["gave up", "stayed away"]
+    assert "rank 0 gave up" in outcomes[2], outcomes[2]
+    assert "rank 2 gave up" in outcomes[3], outcomes[3]

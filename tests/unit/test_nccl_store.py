@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import time
 import subprocess
+import threading
 import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from denseccl.errors import CollectiveTimeoutError, DenseCCLError
+from denseccl.errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError
 from denseccl.backends.store import SoloControl, StoreControl, wait_for_keys
 from tests.support.checker import expect_summaries
 
@@ -114,3 +115,33 @@ def test_a_rank_that_gives_up_leaves_the_news_on_the_store(server, monkeypatch) 
     alone = StoreControl(counted, 0, 1, "test/news")
     time.sleep(0.1)
     assert alone.peer_gave_up() is None and alone.gave_up_flag()[0] == 0 and counted.ops == 0
+
+
+def test_a_rank_waiting_in_the_store_round_hears_that_a_peer_gave_up(server, monkeypatch) -> None:
+    """Rank 1 gives up instead of joining the round: ranks 0 and 2, waiting for its key, raise
+    CommunicatorBrokenError naming it (within a watch of the news), not a timeout."""
+    from denseccl import config
+
+    monkeypatch.setattr(config, "WATCH_SECONDS", 0.05)
+    ranks = [StoreControl(server, rank, 3, "test/waiting") for rank in range(3)]
+    outcomes: list = [None, None, None]
+
+    def wait_in_round(rank: int) -> None:
+        try:
+            ranks[rank].allgather_bytes(b"x", time.monotonic() + 20)
+            outcomes[rank] = "returned"
+        except CommunicatorBrokenError as error:
+            outcomes[rank] = str(error)
+        except CollectiveTimeoutError as error:
+            outcomes[rank] = f"timed out: {error}"
+
+    threads = [threading.Thread(target=wait_in_round, args=(rank,)) for rank in (0, 2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    ranks[1].give_up()
+    for thread in threads:
+        thread.join(30)
+    assert outcomes[1] is None
+    for rank in (0, 2):
+        assert "rank 1 gave up" in outcomes[rank], outcomes[rank]

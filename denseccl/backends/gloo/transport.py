@@ -218,8 +218,17 @@ class GlooTransport(_GlooGroup, Transport):
         self._spares = []
         #: the host path of small repeated allreduces (host.py), where the ranks share one host
         self.host: Optional[HostPath] = None
-        #: raises once a peer gave up (set by open_gloo from the control channel's flag)
+        #: raises once a peer gave up (:meth:`hear`)
         self.watch: Optional[Callable[[], None]] = None
+
+    def hear(self, control: ControlChannel) -> None:
+        flag = control.gave_up_flag()
+
+        def watch() -> None:
+            if flag[0]:
+                raise peer_gave_up_error(control.peer_gave_up())
+
+        self.watch = watch
 
     def _pending(
         self, work: Any, keep: Tuple[torch.Tensor, ...] = (), finish: Optional[Callable[[], None]] = None,
@@ -411,13 +420,6 @@ def open_gloo(
         GlooControl(control, store, f"{prefix}control/", timeout), deadline, sleepy=True,
         data_bytes=lambda limit: area_bytes(limit, size),
     )
-    flag = channel.gave_up_flag()
-
-    def watch() -> None:
-        if flag[0]:
-            raise peer_gave_up_error(channel.peer_gave_up())
-
-    transport.watch = watch
     board = channel.host_data() if isinstance(channel, SharedControl) else None
     if board is not None:
         limit = channel.layout.host_path  # type: ignore[attr-defined]  # the smallest of every rank's

@@ -35,6 +35,7 @@ import threading
 from typing import Any, Callable, Optional, Set, Tuple
 
 from ... import config, log
+from ...channel.base import ControlChannel, Flag
 from ...dtypes import DType
 from ...errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind
@@ -106,6 +107,8 @@ class NCCLTransport(Transport):
         self._released = False
         self._closed = False
         self._scratch: Any = None
+        #: the control channel's flag and who gave up (:meth:`hear`), or None
+        self._peers: Optional[Tuple[Flag, Callable[[], Optional[int]]]] = None
         self._watchdog = Watchdog(
             timeout, self.events.done, self.async_error, self.abort, watchdog_interval, self.events.bind_thread,
             self.events.capture_in_progress,
@@ -136,8 +139,13 @@ class NCCLTransport(Transport):
             reason, timed_out = self._failure
             raise (CollectiveTimeoutError if timed_out else CommunicatorBrokenError)(reason)
 
+    def hear(self, control: ControlChannel) -> None:
+        self._peers = (control.gave_up_flag(), control.peer_gave_up)
+
     def async_error(self) -> Optional[str]:
-        """NCCL's asynchronous error of this communicator as text, or None."""
+        """NCCL's asynchronous error of this communicator as text, or None; or that a rank gave
+        up (the control channel's flag): work paired with its abandoned call never completes,
+        so the watchdog and the host's waits abort the communicator then, not at the timeout."""
         with self._lock:
             if self._failure is not None or self._released:
                 return None
@@ -147,6 +155,10 @@ class NCCLTransport(Transport):
                 if nccl_status(error) == NCCL_IN_PROGRESS:
                     return None  # an operation still running (CuPy's KeyError for the status it cannot name)
                 return f"NCCL reported an asynchronous error: {error}"
+        peers = self._peers
+        if peers is not None and peers[0][0]:
+            return (f"rank {peers[1]()} gave up on a collective (a timeout, an interrupt or a failure): work paired "
+                    "with its call cannot complete")
         return None
 
     def abort(self, reason: str, timed_out: bool = False) -> None:
