@@ -298,7 +298,7 @@ class Flow:
         raises too (a MismatchError naming this rank's problem) instead of waiting."""
         if self.recorder:
             self.recorder.refused(Descriptor(collective), error)
-        if self.check and self.size > 1:
+        if self.check and self.size > 1 and self.broken is None:  # broken: no peer waits in an agreement
             try:
                 _agree(self.control, Descriptor(collective), self.deadline(), error)
             except BaseException as raised:
@@ -339,7 +339,7 @@ class Flow:
             return
         try:
             (pending.synchronize if synchronize else pending.wait)(self.deadline(timeout))
-            self._after()
+            self.check_peers()
         except BaseException as error:
             self._abandon(error, pending, keep)
             raise
@@ -349,8 +349,8 @@ class Flow:
         the timeout passes, keeping ``keep`` (the transfer and what it uses) alive then."""
         try:
             if not soon(test):  # a small call is done before a deadline is worth computing
-                wait_until(test, self.deadline(timeout), "the collective", watch=self._after)
-            self._after()
+                wait_until(test, self.deadline(timeout), "the collective", watch=self.check_peers)
+            self.check_peers()
         except BaseException as error:
             self._abandon(error, test, keep)
             raise
@@ -361,15 +361,16 @@ class Flow:
         try:
             if not pending.test():
                 return False
-            self._after()
+            self.check_peers()
         except BaseException as error:
             self._abandon(error, pending, keep)
             raise
         return True
 
-    def _after(self) -> None:
+    def check_peers(self) -> None:
         """A completed call may still have paired with one a peer gave up on, and a wait for a
-        peer that gave up is hopeless: then it fails."""
+        peer that gave up is hopeless: then it fails (also the torch adapter's point-to-point
+        waits, on the communicator they run beside)."""
         if self._gave_up[0]:
             raise peer_gave_up_error(self.control.peer_gave_up())
 

@@ -17,7 +17,7 @@ import torch._C._distributed_c10d as c10d
 
 from ..agreement import Descriptor
 from ..communicator import Communicator
-from ..errors import ArgumentError, LayoutError, MismatchError
+from ..errors import ArgumentError, CommunicatorBrokenError, LayoutError, MismatchError
 from ..wait import deadline_after, wait_until
 from ._issue import Issue
 from ._tensors import land
@@ -25,6 +25,40 @@ from ._tensors import land
 #: what an engine's recv returns: the step, then (once it completed) the source rank and the
 #: bytes received (None where the engine cannot tell)
 Received = Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]
+#: raises once a peer gave up on the communicator the engine runs beside (``Flow.check_peers``)
+Check = Optional[Callable[[], None]]
+
+
+def hopeless(check: Check, what: str) -> Check:
+    """A step's watch: ``check``, its error naming the step (``what``), or None without one."""
+    if check is None:
+        return None
+
+    def watch() -> None:
+        try:
+            check()
+        except CommunicatorBrokenError as error:
+            raise CommunicatorBrokenError(f"{what}: {error}") from None
+
+    return watch
+
+
+def breaks(host: Communicator) -> Callable[[BaseException], None]:
+    """What a failed all-to-all or point-to-point operation does once its transfer began (an
+    error in its wait or its completion, an interrupt): it breaks ``host`` and gives up, so
+    that a peer waiting for its next message raises at once, naming this rank, instead of at
+    the timeout. A local error, which leaves a collective's communicator usable, breaks it too:
+    the peers have moved on with the transfer."""
+
+    def note(error: BaseException) -> None:
+        flow = host.flow
+        flow.note_failure(error)
+        if flow.broken is None:
+            flow.note_failure(CommunicatorBrokenError(
+                f"rank {host.rank} failed after its transfer began: {type(error).__name__}: {error}"
+            ))
+
+    return note
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -35,14 +69,16 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 class RequestStep:
     """An mpi4py request as a step of the progress engine (``is_completed``, ``wait``)."""
 
-    __slots__ = ("request", "status", "what", "keep", "completed")
+    __slots__ = ("request", "status", "what", "keep", "completed", "watch")
 
-    def __init__(self, request: Any, status: Any, what: str, keep: Any) -> None:
+    def __init__(self, request: Any, status: Any, what: str, keep: Any, check: Check = None) -> None:
         self.request = request
         self.status = status  # an MPI.Status, which the request's completion fills in
         self.what = what
         self.keep = keep  # buffers the request reads or writes
         self.completed = False
+        #: raises once a peer gave up: a wait for it is hopeless
+        self.watch = hopeless(check, what)
 
     def is_completed(self) -> bool:
         # test once more after completion would overwrite the status (a recv's source)
@@ -51,21 +87,27 @@ class RequestStep:
 
     def wait(self, timeout: Optional[float] = None) -> None:
         if not self.is_completed():
-            wait_until(self.is_completed, deadline_after(timeout), self.what)
+            wait_until(self.is_completed, deadline_after(timeout), self.what, watch=self.watch)
         self.keep = None
 
 
 class WorkStep:
     """A torch Work of the gloo engine's group as a step of the progress engine; ``keep``: the
-    tensors it reads or writes, handed to ``held`` once it completed (backends/gloo/held.py)."""
+    tensors it reads or writes, handed to ``held`` once it completed (backends/gloo/held.py).
+    ``check``: for works whose waits take slices (an all-to-all's), the watch between them. A
+    send's or recv's work takes none: gloo blocks inside its wait, never reports it completed
+    before, and a wait whose own timeout runs out cancels the transfer (nor does aborting the
+    group end such a wait), so its peers hear a failure at their next call."""
 
-    __slots__ = ("work", "keep", "held", "what")
+    __slots__ = ("work", "keep", "held", "what", "watch")
 
-    def __init__(self, work: Any, what: str, held: Any, keep: Tuple[torch.Tensor, ...]) -> None:
+    def __init__(self, work: Any, what: str, held: Any, keep: Tuple[torch.Tensor, ...], check: Check = None) -> None:
         self.work = work
         self.keep = keep
         self.held = held
         self.what = what
+        #: raises once a peer gave up: a wait for it is hopeless
+        self.watch = hopeless(check, what)
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
@@ -74,7 +116,7 @@ class WorkStep:
         from ..backends.gloo.transport import wait_work  # noqa: PLC0415 - torch may lack gloo
 
         try:
-            wait_work(self.work, deadline_after(timeout), self.what)
+            wait_work(self.work, deadline_after(timeout), self.what, self.watch)
         finally:  # held until gloo's threads let go of them (backends/gloo/held.py)
             keep, self.keep = self.keep, ()
             if keep:
@@ -89,9 +131,11 @@ class MPIEngine:
 
         self.comm = comm
         self.mpi = MPI
+        #: ``Flow.check_peers`` of the communicator beside it (set by the process group)
+        self.check: Check = None
 
     def _step(self, request: Any, what: str, keep: Any) -> RequestStep:
-        return RequestStep(request, self.mpi.Status(), what, keep)
+        return RequestStep(request, self.mpi.Status(), what, keep, self.check)
 
     def _bytes(self, t: torch.Tensor) -> Any:
         """The memory of a contiguous tensor as a buffer mpi4py accepts."""
@@ -110,7 +154,8 @@ class MPIEngine:
 
     def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         source = self.mpi.ANY_SOURCE if src < 0 else src
-        step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), "recv", target)
+        what = f"recv from rank {src}" if src >= 0 else "recv"
+        step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), what, target)
         return step, step.status.Get_source, lambda: step.status.Get_count(self.mpi.BYTE)
 
     def free(self) -> None:
@@ -126,11 +171,13 @@ class GlooEngine:
     def __init__(self, group: Any, held: Any) -> None:
         self.group = group
         self.held = held
+        #: ``Flow.check_peers`` of the communicator beside it (set by the process group)
+        self.check: Check = None
 
     def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
         flat_target, flat_source = _flat_bytes(target), _flat_bytes(source)
         work = self.group.alltoall_base(flat_target, flat_source, recv, send, c10d.AllToAllOptions())
-        return WorkStep(work, what, self.held, (flat_source, flat_target))
+        return WorkStep(work, what, self.held, (flat_source, flat_target), self.check)
 
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
         flat = _flat_bytes(source)
@@ -139,7 +186,9 @@ class GlooEngine:
     def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
         flat = _flat_bytes(target)
         work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
-        return WorkStep(work, "recv", self.held, (flat,)), (work._source_rank if src < 0 else lambda: src), lambda: None
+        what = f"recv from rank {src}" if src >= 0 else "recv"
+        step = WorkStep(work, what, self.held, (flat,))
+        return step, (work._source_rank if src < 0 else lambda: src), lambda: None
 
     def free(self) -> None:
         self.group = None

@@ -33,7 +33,7 @@ from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, s
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
-from .progress import AsyncWork, Operation, Progress, completed_work, new_future
+from .progress import AsyncWork, Operation, Progress, completed_work, failed, new_future
 from .tooling import TorchTooling
 
 BACKEND_NAME = "denseccl"
@@ -82,12 +82,14 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                 timeout=self._seconds or 0,
             )
             self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group, self._host.transport.held)  # type: ignore[attr-defined]
+            self._aux.check = self._host.flow.check_peers
             return
         if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
             arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
         self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
         self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
         self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
+        self._aux.check = self._host.flow.check_peers
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -157,16 +159,23 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
         issue: Issue,
         *,
         source_rank: Optional[Callable[[], int]] = None,
+        on_failure: Optional[Callable[[BaseException], None]] = None,
     ) -> dist.Work:
         """Start the operation ``issue``; a synchronous caller (``opts.asyncOp`` false) gets a
-        completed Work, the others an :class:`AsyncWork` (see :mod:`.progress`)."""
+        completed Work, the others an :class:`AsyncWork` (see :mod:`.progress`). ``on_failure``:
+        see :class:`.progress.Operation`."""
         with cuda_context(device):
             steps, finish = issue()
+        operation = Operation(name, steps, finish, new_future(device), deadline_after(self._seconds),
+                              on_failure=on_failure)
         if not getattr(opts, "asyncOp", True) and source_rank is None:
-            for step in steps:
-                step.wait()
-            return completed_work(finish(), device)
-        operation = Operation(name, steps, finish, new_future(device), deadline_after(self._seconds))
+            try:
+                for step in steps:
+                    step.wait()
+                return completed_work(finish(), device)
+            except BaseException as error:
+                failed(operation, error)
+                raise
         self._progress.submit(operation)
         return AsyncWork(self._progress, operation, source_rank)
 
@@ -277,6 +286,7 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                 "no all-to-all or point-to-point on device; use a cpu tensor, or a second process group (nccl)"
             )
         host = self._live_host()
+        host.flow.usable()  # a peer that gave up, or this rank's own failure: at once
         assert self._aux is not None  # made with the host communicator, dropped with it
         return host, self._aux
 
@@ -295,7 +305,7 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
 
         splits = list(output_split_sizes), list(input_split_sizes)
         issue = all_to_all_p2p.all_to_all_single(host, engine, output, input, *splits)
-        return self._run("all_to_all_single", opts, input.device, issue)
+        return self._run("all_to_all_single", opts, input.device, issue, on_failure=all_to_all_p2p.breaks(host))
 
     alltoall_base = all_to_all_single
 
@@ -306,18 +316,20 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
             host, engine = self._aux_comm(outputs + inputs, "all_to_all")
 
         issue = all_to_all_p2p.alltoall(host, engine, outputs, inputs)
-        return self._run("all_to_all", opts, inputs[0].device, issue)
+        return self._run("all_to_all", opts, inputs[0].device, issue, on_failure=all_to_all_p2p.breaks(host))
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        engine = self._aux_comm(tensors, "send")[1]
-        return self._run("send", None, tensors[0].device, all_to_all_p2p.send(engine, tensors, dst, tag))
+        host, engine = self._aux_comm(tensors, "send")
+        issue = all_to_all_p2p.send(engine, tensors, dst, tag)
+        return self._run("send", None, tensors[0].device, issue, on_failure=all_to_all_p2p.breaks(host))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        engine = self._aux_comm(tensors, "recv")[1]
+        host, engine = self._aux_comm(tensors, "recv")
         issue, source = all_to_all_p2p.recv(engine, tensors, src, tag)
-        return self._run("recv", None, tensors[0].device, issue, source_rank=source)
+        breaks = all_to_all_p2p.breaks(host)
+        return self._run("recv", None, tensors[0].device, issue, source_rank=source, on_failure=breaks)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> dist.Work:
         return self.recv(tensors, -1, tag)

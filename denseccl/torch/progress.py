@@ -49,6 +49,9 @@ class Operation:
     future: torch.futures.Future
     deadline: Optional[float]
     done: bool = False
+    #: called with the error of a failed operation whose peers must learn it (all-to-all and
+    #: point-to-point: all_to_all_p2p.breaks); its steps are then kept for good
+    on_failure: Optional[Callable[[BaseException], None]] = None
 
 
 def new_future(device: Optional[torch.device]) -> torch.futures.Future:
@@ -145,13 +148,21 @@ class Progress:
                         if _overdue(operation) and not getattr(step, "watched", False):
                             step.wait(0)  # raises CollectiveTimeoutError, marks the communicator broken
                             continue
+                        watch = getattr(step, "watch", None)
+                        if watch is not None:
+                            watch()  # raises once a peer gave up
                         return  # a watched step's transport fails it at its timeout (see Work.watched)
                     step.wait()  # completed: releases what the step kept alive
             value = operation.finish()
-        except BaseException as error:  # noqa: BLE001 - the future carries it to every waiter
+        except BaseException as error:  # the future carries it to every waiter
             operation.done = True
-            operation.future.set_exception(error)
-            return
+            failed(operation, error)
+            if isinstance(error, Exception):
+                operation.future.set_exception(error)
+                return
+            # an interrupt in this (the caller's) thread: raised here; a future holds Exceptions only
+            operation.future.set_exception(RuntimeError(f"{operation.name} was interrupted ({type(error).__name__})"))
+            raise
         operation.done = True
         operation.future.set_result(value)
 
@@ -192,6 +203,14 @@ class Progress:
                 os.sched_yield()
             else:
                 time.sleep(self.poll if quiet < config.PROGRESS_QUIET_SECONDS else 10 * self.poll)
+
+
+def failed(operation: Operation, error: BaseException) -> None:
+    """What a failed operation with an ``on_failure`` does: keep its steps (a request that never
+    completed may still write its buffers), then tell it."""
+    if operation.on_failure is not None:
+        abandon(operation.steps)
+        operation.on_failure(error)
 
 
 def _overdue(operation: Operation) -> bool:
