@@ -1,5 +1,6 @@
-"""The benchmark on 2 simulated hosts x 2 ranks, started by mpiexec and by srun --mpi=pmi2 on
-the same hosts, one after the other (srun first: the mpiexec helper clears the hosts after it) (docs/benchmark.md, "Across hosts: mpiexec and srun").
+"""The benchmark on 2 simulated hosts x 2 ranks, started by srun --mpi=pmi2 and by mpiexec on
+the same hosts, one after the other: srun first, because the mpiexec helper clears the hosts
+after it (docs/benchmark.md, "Across 2 hosts: mpiexec and srun").
 
 usage (root): python -m tests.slurm.measure OUT_DIR [bench options...]
 Writes OUT_DIR/hosts-mpiexec.json and OUT_DIR/hosts-srun.json and prints each run's table.
