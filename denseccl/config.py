@@ -99,6 +99,10 @@ MPI_LAUNCH_VARIABLES = (
     "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
 )
 
+#: the port of srun's zero-configuration rendezvous (backends/slurm.py): base + (job id mod JOBS)
+#: * STEPS + (step id mod STEPS), in 15000-24999 as Lightning's (below Linux's ephemeral ports)
+SLURM_PORT_BASE, SLURM_PORT_JOBS, SLURM_PORT_STEPS = 15000, 1000, 10
+
 #: variables that carry a process's rank on its host, most specific first
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
 from .base import is_timeout
+from .slurm import master_value
 
 #: the variables of a torchrun-style launch (env://)
 ENV_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -30,8 +31,9 @@ SRUN_VARIABLES = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_STEP_NUM_TASKS"}
 
 
 def _env_value(name: str, source: Mapping[str, str]) -> Optional[str]:
-    """``name``'s value, else srun's for it (both of srun's variables must be there)."""
-    value = source.get(name)
+    """``name``'s value, else srun's for it (both of srun's variables must be there; the
+    address and port from the step's nodes and ids: backends/slurm.py)."""
+    value = master_value(name, source)
     if value or name not in SRUN_VARIABLES:
         return value
     srun = [source.get(variable, "") for variable in SRUN_VARIABLES.values()]
@@ -40,7 +42,8 @@ def _env_value(name: str, source: Mapping[str, str]) -> Optional[str]:
 
 def env_launch(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether this process has a torchrun-style environment (env://), RANK and WORLD_SIZE
-    perhaps given by srun (:data:`SRUN_VARIABLES`)."""
+    perhaps given by srun (:data:`SRUN_VARIABLES`), MASTER_ADDR and MASTER_PORT perhaps derived
+    from the srun step (backends/slurm.py)."""
     source = os.environ if environ is None else environ
     return all(_env_value(name, source) for name in ENV_VARIABLES)
 
@@ -69,7 +72,7 @@ def env_store(rank: int, size: int, timeout: Optional[float]) -> Any:  # timeout
     reached within ``timeout`` seconds."""
     from ..backends.store import tcp_store  # noqa: PLC0415 - needs torch
 
-    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    address = (str(_env_value("MASTER_ADDR", os.environ)), int(str(_env_value("MASTER_PORT", os.environ))))
     store = _STORES.get(address)
     if store is None:
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

@@ -9,7 +9,8 @@ them over the gloo engine (denseccl/backends/gloo/transport.py), made from the g
 Here too is the ``denseccl://`` rendezvous of an MPI launch, which also answers ``env://``
 without ``MASTER_ADDR`` / ``MASTER_PORT``; with them but without ``RANK`` / ``WORLD_SIZE`` (cluster
 scripts export the address alone), ``env://`` takes the rank and size from the launcher: MPI's
-under mpiexec, mpirun or srun with PMI, srun's own without MPI (docs/torch.md, Launching).
+under mpiexec, mpirun or srun with PMI, srun's own without MPI (docs/torch.md, Launching);
+under srun without MPI and without them, the step's first node and a port from its ids.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.distributed as dist
 
 from ..backends.base import abandon
 from ..backends.rendezvous import SRUN_VARIABLES
+from ..backends.slurm import srun_address
 from ..backends.store import wait_for_keys
 from ..config import launched_by_mpi
 from ..errors import CollectiveTimeoutError, DenseCCLError
@@ -115,9 +117,28 @@ def with_launcher_place(url: str) -> str:
     return f"{url}{'&' if parsed.query else '?'}{added}"
 
 
+def srun_tcp_url(url: str) -> Optional[str]:
+    """Under srun without a PMI and without ``MASTER_ADDR`` or ``MASTER_PORT``: ``url`` (env://,
+    with its rank and world size) as the ``tcp://`` url of the step's own meeting point, the
+    first node and a port from the job and step ids (backends/slurm.py); else None."""
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return None
+    derived = srun_address(os.environ)
+    if derived is None:
+        return None
+    host = os.environ.get("MASTER_ADDR") or derived[0]
+    port = os.environ.get("MASTER_PORT") or str(derived[1])
+    query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+    for name, variable in ENV_PLACE:
+        if name not in query and os.environ.get(variable):
+            query[name] = os.environ[variable]
+    return f"tcp://{host}:{port}?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
 def register() -> None:
     """Register ``denseccl://``; under an MPI launch, let ``env://`` fall back to it, and under an
-    MPI launch or srun, let ``env://`` take the rank and world size from the launcher."""
+    MPI launch or srun, let ``env://`` take the rank and world size from the launcher (and, under
+    srun without a PMI, the address from Slurm where ``MASTER_ADDR`` / ``MASTER_PORT`` are not set)."""
     module = importlib.import_module("torch.distributed.rendezvous")  # the name alone is a function
     handlers = module._rendezvous_handlers  # torch has no public way to extend env://
     if SCHEME not in handlers:
@@ -129,7 +150,11 @@ def register() -> None:
         def env(url: str, **kwargs: Any) -> Any:
             if needs_mpi_rendezvous():
                 return _handler(url, **kwargs)
-            return original(with_launcher_place(url), **kwargs)
+            placed = with_launcher_place(url)
+            derived = srun_tcp_url(placed)
+            if derived is not None:
+                return handlers["tcp"](derived, **kwargs)
+            return original(placed, **kwargs)
 
         env.denseccl = True  # type: ignore[attr-defined]
         handlers["env"] = env

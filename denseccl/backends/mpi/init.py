@@ -22,6 +22,7 @@ from ...communicator import Communicator
 from ...errors import CollectiveTimeoutError, DenseCCLError
 from ...wait import wait_until
 from ..rendezvous import SRUN_VARIABLES
+from ..slurm import srun_mpi_option
 
 
 def import_mpi() -> Any:
@@ -47,7 +48,7 @@ def init_mpi(
 
     base = comm if comm is not None else MPI.COMM_WORLD
     if comm is None:
-        refuse_singleton(base.Get_size())
+        refuse_singleton(base.Get_size(), library=str(MPI.Get_library_version()))
     _log_mpi(MPI, base)
     duplicates = []
     for _ in range(2):  # nonblocking, so that a peer that never calls init cannot hold this rank forever
@@ -63,10 +64,11 @@ def init_mpi(
     return Communicator(transport, open_control(duplicates[1]), check=check, timeout=timeout, on_timeout=on_timeout)
 
 
-def refuse_singleton(world: int, environ: Optional[Mapping[str, str]] = None) -> None:
+def refuse_singleton(world: int, environ: Optional[Mapping[str, str]] = None, library: str = "") -> None:
     """Refuse an MPI world smaller than the launcher's job: srun without PMI (or a launcher
     MPI does not know) starts every task as an MPI singleton, a world of one, where every
-    collective would return the rank's own input."""
+    collective would return the rank's own input. The message names the srun option that
+    ``library`` (MPI's version string) understands."""
     source = os.environ if environ is None else environ
     for variable in ("WORLD_SIZE", SRUN_VARIABLES["WORLD_SIZE"]):
         raw = source.get(variable, "")
@@ -74,8 +76,9 @@ def refuse_singleton(world: int, environ: Optional[Mapping[str, str]] = None) ->
             raise DenseCCLError(
                 f"MPI's world has {world} rank(s) but {variable}={raw}: this process was not started by an MPI "
                 "launcher that MPI understands (srun without --mpi=pmi2/pmix starts each task as an MPI world of "
-                "its own). Launch with mpiexec or srun --mpi=pmix, or export MASTER_ADDR and MASTER_PORT for the "
-                "gloo engine (backend='gloo')"
+                f"its own). Launch with mpiexec or {srun_mpi_option(library)}, or use the gloo engine "
+                "(backend='gloo', needs torch), which forms an srun step from Slurm's variables, or from MASTER_ADDR "
+                "and MASTER_PORT"
             )
 
 
