@@ -1,9 +1,9 @@
-"""All-to-all and point-to-point for CPU tensors, which denseccl's core does not offer.
-
-They run on an *engine* owned by the process group (an MPI duplicate under an MPI launcher,
-the gloo engine's group otherwise), as bytes in row-major order: a tensor that is not
-row-major is staged through a contiguous copy, so the layouts of sender and receiver need not
-agree (each side keeps its own). An all-to-all is checked first (:func:`_agreed`).
+"""All-to-all for CPU tensors, which denseccl's core does not offer, and the *engines* it and
+point-to-point (:mod:`.p2p`) run on: owned by the process group, an MPI duplicate under an MPI
+launcher, the gloo engine's group otherwise. An all-to-all moves bytes in row-major order (a
+tensor that is not row-major is staged through a contiguous copy, so the layouts of the ranks
+need not agree) and is checked first (:func:`_agreed`). A failure after the transfer began
+breaks the communicator on every rank (:func:`breaks`).
 """
 
 from __future__ import annotations
@@ -312,41 +312,3 @@ def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], input
         return [step], finish
 
     return issue
-
-
-def send(engine: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
-    def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        if len(tensors) != 1:
-            raise ArgumentError(f"send takes one tensor, got {len(tensors)}")
-        return [engine.send(tensors[0].contiguous(), dst, tag)], lambda: tensors
-
-    return issue
-
-
-def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[Issue, Callable[[], int]]:
-    """``src`` < 0 receives from any source."""
-    sources: List[Callable[[], int]] = []
-
-    def issue() -> Tuple[List[Any], Callable[[], Any]]:
-        if len(tensors) != 1:
-            raise ArgumentError(f"recv takes one tensor, got {len(tensors)}")
-        out = tensors[0]
-        target = _receive_buffer(out)
-        step, source, received = engine.recv(target, src, tag)
-        sources.append(source)
-
-        def finish() -> List[torch.Tensor]:
-            got = received()
-            wanted = out.numel() * out.element_size()
-            if got is not None and got != wanted:
-                raise MismatchError(
-                    f"recv from rank {source()} got {got} bytes into a tensor of {wanted} bytes "
-                    f"({out.dtype}, shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
-                )
-            if target is not out:
-                land(out, target)
-            return tensors
-
-        return [step], finish
-
-    return issue, lambda: sources[0]()

@@ -28,7 +28,7 @@ from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
 from ..backends.base import abandon
 from ..wait import deadline_after
-from . import all_to_all_p2p, buckets, dispatcher, profiling
+from . import all_to_all_p2p, buckets, dispatcher, p2p, profiling
 from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
@@ -321,13 +321,13 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
         host, engine = self._aux_comm(tensors, "send")
-        issue = all_to_all_p2p.send(engine, tensors, dst, tag)
+        issue = p2p.send(engine, tensors, dst, tag)
         return self._run("send", None, tensors[0].device, issue, on_failure=all_to_all_p2p.breaks(host))
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
         host, engine = self._aux_comm(tensors, "recv")
-        issue, source = all_to_all_p2p.recv(engine, tensors, src, tag)
+        issue, source = p2p.recv(engine, tensors, src, tag)
         breaks = all_to_all_p2p.breaks(host)
         return self._run("recv", None, tensors[0].device, issue, source_rank=source, on_failure=breaks)
 

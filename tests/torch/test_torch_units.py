@@ -162,7 +162,7 @@ def test_arguments_that_are_not_layouts_raise_argument_error(without_mpi_launch)
 def test_all_to_all_and_point_to_point_argument_checks():
     """Split sizes and tensor counts are arguments (ArgumentError), a dim 0 that does not divide
     is the tensor's shape (LayoutError); all raise before the engine is touched."""
-    from denseccl.torch import all_to_all_p2p
+    from denseccl.torch import all_to_all_p2p, p2p
 
     with pytest.raises(denseccl.ArgumentError, match=r"input split sizes \[1, 1\] must be 3 non-negative numbers"):
         all_to_all_p2p._splits([1, 1], 2, 3, "input")
@@ -170,8 +170,8 @@ def test_all_to_all_and_point_to_point_argument_checks():
         all_to_all_p2p._splits([], 4, 3, "input")
     assert all_to_all_p2p._splits([], 6, 3, "input") == [2, 2, 2]
     with pytest.raises(denseccl.ArgumentError, match="send takes one tensor, got 2"):
-        all_to_all_p2p.send(None, [torch.ones(1), torch.ones(1)], 0, 0)()
-    issue, _source = all_to_all_p2p.recv(None, [], 0, 0)
+        p2p.send(None, [torch.ones(1), torch.ones(1)], 0, 0)()
+    issue, _source = p2p.recv(None, [], 0, 0)
     with pytest.raises(denseccl.ArgumentError, match="recv takes one tensor, got 0"):
         issue()
 
