@@ -22,6 +22,7 @@ from typing import Any, Optional, Tuple
 from ... import config
 from ...communicator import Communicator
 from ...errors import DenseCCLError
+from ..mpi.init import mpi_load_failure, refuse_singleton
 from ..rendezvous import env_int, env_launch, env_store, store_namespace
 from .tables import NCCL_IN_PROGRESS, in_progress_error, nccl_status
 
@@ -194,15 +195,17 @@ def launch_kind(*, comm: Any = None, store: Any = None, size: Optional[int] = No
 
 
 def _mpi_world() -> Any:
-    """MPI's COMM_WORLD, or None when there is no MPI and no MPI launcher (a single rank)."""
+    """MPI's COMM_WORLD, or None when there is no MPI and no launcher of many ranks (a single
+    rank). A launcher's world size above one without MPI is refused, never made a world of one."""
     try:
         from mpi4py import MPI  # noqa: PLC0415
-    except Exception as error:  # noqa: BLE001 - ImportError, or no MPI library behind mpi4py
+    except Exception as error:  # noqa: BLE001 - ImportError, or RuntimeError: no MPI library behind mpi4py
         if config.launched_by_mpi():
             raise DenseCCLError(
-                f"this looks like an MPI launch, but mpi4py cannot start ({type(error).__name__}: {error}); install "
+                f"this looks like an MPI launch, but mpi4py cannot start ({mpi_load_failure(error)}); install "
                 "it with pip install 'denseccl[mpi]', or launch with torchrun-style variables"
             ) from None
+        refuse_singleton(1)
         return None
     return MPI.COMM_WORLD
 
