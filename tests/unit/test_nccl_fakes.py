@@ -379,6 +379,10 @@ class FakeCuda:
             def compute_capability(self):
                 return world.capability
 
+            @property
+            def pci_bus_id(self):
+                return f"0000:{0x18 + (self.id or 0):02X}:00.0"  # cudaDeviceGetPCIBusId's form
+
             def use(self):
                 pass
 
