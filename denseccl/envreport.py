@@ -21,6 +21,7 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import __version__, config
+from .backends.mpi.init import mpi_load_failure
 
 NOT_INSTALLED = "not installed"
 
@@ -131,7 +132,7 @@ def _mpi_status() -> Tuple[bool, str]:
     except ImportError:
         return False, "mpi4py is not installed: pip install 'denseccl[mpi]' (mpi4py and MPICH)"
     except Exception as error:  # noqa: BLE001
-        return False, f"mpi4py cannot load an MPI library ({type(error).__name__}: {error})"
+        return False, f"mpi4py cannot load an MPI library ({mpi_load_failure(error)}): pip install 'denseccl[mpi]'"
     library = _first_line(str(MPI.Get_library_version()))
     if config.launched_by_mpi():
         return True, f"yes: started by an MPI launcher; {library}"

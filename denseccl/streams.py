@@ -8,8 +8,10 @@ that produced its data with no host synchronisation.
 from __future__ import annotations
 
 import sys
+import threading
+import weakref
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, Dict, NamedTuple
 
 from .arrays import HOST, Buffer
 from .errors import ArgumentError
@@ -23,6 +25,10 @@ class StreamRef(NamedTuple):
     pointer: int
     library: str
     device: int
+    #: the caller's stream object behind ``pointer`` (torch tensors only), kept alive by
+    #: :func:`record_stream` as long as the tensors recorded on it (None: a bare handle, or a
+    #: stream torch owns)
+    owner: Any = None
 
 
 def current_stream_pointer(library: str, device: int) -> int:
@@ -67,7 +73,8 @@ def current_stream(buffer: Buffer, stream: Any = None) -> StreamRef:
     it names one, else CuPy's current stream)."""
     library = "torch" if buffer.library == "torch" else "cupy"
     if stream is not None:
-        return StreamRef(stream_pointer(stream), library, buffer.device)
+        owner = stream if library == "torch" and not isinstance(stream, int) else None
+        return StreamRef(stream_pointer(stream), library, buffer.device, owner)
     if buffer.library == "cuda_array_interface":
         named = getattr(buffer.owner, "__cuda_array_interface__", {}).get("stream")
         if isinstance(named, int) and not isinstance(named, bool) and named > 0:
@@ -101,4 +108,23 @@ def record_stream(ref: Any, keep: Any) -> None:
             continue
         if buffer.owner is not seen:
             buffer.owner.record_stream(stream)
+            if ref.owner is not None:
+                _pin(buffer.owner, ref.owner)
             seen = buffer.owner  # in place: the input is the output
+
+
+#: storage -> the stream objects its tensors were recorded on, by id: torch's allocator records
+#: an event on each of those streams when the storage is freed, which fails ("invalid resource
+#: handle") on a stream destroyed before (a CuPy stream the caller let go), so they live as long
+_PINNED: "weakref.WeakKeyDictionary[Any, Dict[int, Any]]" = weakref.WeakKeyDictionary()
+_PINNED_LOCK = threading.Lock()
+
+
+def _pin(tensor: Any, stream: Any) -> None:
+    """Keep ``stream`` alive until the storage of ``tensor`` (shared by its views) is freed."""
+    storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor
+    with _PINNED_LOCK:
+        try:
+            _PINNED.setdefault(storage, {})[id(stream)] = stream
+        except TypeError:  # neither the storage nor the tensor takes a weak reference: keep it on the tensor
+            tensor.__dict__.setdefault("_denseccl_streams", {})[id(stream)] = stream

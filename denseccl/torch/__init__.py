@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from .. import config
+from ..backends.mpi.init import import_mpi
 from . import _launch
 
 from .data_parallel import DataParallel, broadcast_coalesced, reduce_add_coalesced, replicate
@@ -55,8 +56,7 @@ def init_process_group(
         if init_method is None and store is None and needs_mpi_rendezvous():
             init_method = f"{_launch.SCHEME}://"
         if rank == -1 or world_size == -1:
-            from mpi4py import MPI  # noqa: PLC0415
-
+            MPI = import_mpi("denseccl.torch.init_process_group under an MPI launcher")
             rank = MPI.COMM_WORLD.Get_rank() if rank == -1 else rank
             world_size = MPI.COMM_WORLD.Get_size() if world_size == -1 else world_size
         if init_method == f"{_launch.SCHEME}://":

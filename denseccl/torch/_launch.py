@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as dist
 
 from ..backends.base import abandon
+from ..backends.mpi.init import import_mpi
 from ..backends.rendezvous import SRUN_VARIABLES
 from ..backends.slurm import srun_address
 from ..backends.store import wait_for_keys
@@ -44,7 +45,7 @@ ENV_PLACE = (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
 
 def mpi_store(timeout: datetime.timedelta) -> Tuple[Any, int, int]:
     """``(store, rank, world size)`` of MPI's world; collective over it."""
-    from mpi4py import MPI  # noqa: PLC0415
+    MPI = import_mpi("the denseccl:// rendezvous")
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -93,8 +94,7 @@ def launcher_place() -> Optional[Tuple[int, int]]:
     MPI engine needs), else srun's ``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS``; None when
     neither started this process."""
     if launched_by_mpi():
-        host_engine()  # mpi4py must be there: say how to install it
-        from mpi4py import MPI  # noqa: PLC0415
+        MPI = import_mpi("a job started by an MPI launcher")  # mpi4py must be there: say how to install it
 
         return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     if launched_by_srun():
@@ -163,12 +163,7 @@ def register() -> None:
 def host_engine() -> str:
     """``"mpi"`` under an MPI launcher (mpi4py must then be installed), else ``"gloo"``."""
     if launched_by_mpi():
-        try:
-            import mpi4py.MPI  # noqa: F401, PLC0415
-        except ImportError as error:
-            raise DenseCCLError(
-                f"denseccl: the job was started by mpiexec but mpi4py is missing ({error}): pip install 'denseccl[mpi]'"
-            ) from None
+        import_mpi("denseccl: a job started by mpiexec (CPU tensors move over MPI)")
         return "mpi"
     if not dist.is_gloo_available():
         raise DenseCCLError(
@@ -191,7 +186,7 @@ def mpi_group(rank: int, size: int, global_ranks: Sequence[int]) -> Tuple[Any, b
     (then the group frees it). ``global_ranks`` lists a subgroup's members (any ranks) in
     group-rank order and is empty for the default group (as torch passes it), which is MPI's
     world. Raises when torch's ranks are not MPI's."""
-    from mpi4py import MPI  # noqa: PLC0415
+    MPI = import_mpi("denseccl: CPU tensors of an MPI launch")
 
     world = MPI.COMM_WORLD
     default = not global_ranks

@@ -31,18 +31,28 @@ import torch
 import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch._C import DispatchKey
-from torch._C._distributed_c10d import PythonCallbackWork, _register_work  # type: ignore[attr-defined]
+from torch._C._distributed_c10d import _register_work  # type: ignore[attr-defined]
 from torch.distributed.distributed_c10d import _resolve_process_group
+
+try:  # a C++ Work around a Python wait; torch 2.11 may not bind it
+    from torch._C._distributed_c10d import PythonCallbackWork
+except ImportError:
+    PythonCallbackWork = None  # type: ignore[misc, assignment]
 
 _lock = threading.Lock()
 _library: Optional[Any] = None
 
 
-def _held(work: dist.Work) -> dist.Work:
+def _held(work: dist.Work, tensor: Any) -> dist.Work:
     """A C++ Work whose ``wait`` runs ``work.wait`` (with the GIL): C++ may hold it after the
     Python Work is gone, and a C++ caller that waits holding the GIL (``wait_tensor``) must
-    complete the operation itself, as the progress thread cannot run meanwhile."""
-    return PythonCallbackWork(work.wait)
+    complete the operation itself, as the progress thread cannot run meanwhile. Without
+    ``PythonCallbackWork`` the Python Work itself, whose C++ ``wait`` calls its Python one (the
+    same, through pybind's trampoline), kept alive by ``tensor`` as long as C++ may wait on it."""
+    if PythonCallbackWork is not None:
+        return PythonCallbackWork(work.wait)
+    tensor._denseccl_work = work
+    return work
 
 
 def _all_gather_into_tensor_out(group: Any, input: Any, group_size: int, _: Any, *, out: Any) -> Any:  # noqa: A002
@@ -52,7 +62,7 @@ def _all_gather_into_tensor_out(group: Any, input: Any, group_size: int, _: Any,
         raise ValueError(f"all_gather_into_tensor_out: group_size {group_size}, but the group has {group.size()} ranks")
     opts = _c10d.AllgatherOptions()
     opts.asyncOp = True
-    _register_work(out, _held(group.all_gather_single(out, input, opts)))
+    _register_work(out, _held(group.all_gather_single(out, input, opts), out))
     return out
 
 
@@ -69,7 +79,7 @@ def _batch_p2p_ops(group: Any, kinds: Any, peers: Any, tags: Any, tensors: Any, 
             work, result = group.recv([tensor], peer, tag), tensor
         else:
             raise ValueError(f"batch_p2p_ops: unknown operation {kind!r} (isend and irecv are)")
-        _register_work(result, _held(work))
+        _register_work(result, _held(work, result))
         results.append(result)
     return results
 

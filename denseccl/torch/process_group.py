@@ -27,6 +27,7 @@ from ..communicator import Communicator
 from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
 from ..backends.base import abandon
+from ..backends.nccl.advice import install_hint
 from ..wait import deadline_after
 from . import all_to_all_p2p, buckets, dispatcher, p2p, profiling
 from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
@@ -130,7 +131,7 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
             except Exception as error:
                 raise DenseCCLError(
                     "denseccl: could not create the NCCL communicator for CUDA tensors "
-                    f"({type(error).__name__}: {error}); it needs CuPy with NCCL: pip install 'denseccl[cuda12]'"
+                    f"({type(error).__name__}: {error}); it needs CuPy with NCCL: {install_hint()}"
                 ) from error
         return self._device
 

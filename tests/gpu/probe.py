@@ -7,7 +7,8 @@ usage: python tests/gpu/probe.py NAME [NAME...]
   names: destroy (does ncclCommDestroy wait for a kernel?), close (timeout 2 s, a blocked
   stream), close_untimed (no timeout), capture (a global-mode capture after a dropped Work,
   CuPy and torch), freed_stream (a capture stream destroyed after its capture),
-  default_stream (torch's stream for handle 0)
+  default_stream (torch's stream for handle 0), stream_lifetime (a CuPy stream given for a torch
+  tensor and let go before the tensor is freed)
 
 Prints "PASS probe NAME: ...", "FAIL probe NAME: ..." or "INFO probe NAME: ..." lines, the
 facts each probe measured included; exits 1 if any probe failed.
@@ -291,9 +292,49 @@ def default_stream() -> None:
     comm.close()
 
 
+def stream_lifetime() -> None:
+    """A torch tensor allreduced on a CuPy stream the caller lets go at once: torch's allocator
+    records an event on that stream when the tensor's memory is freed, which fails ("invalid
+    resource handle") if the stream was destroyed first; denseccl keeps it until then."""
+    import cupy
+
+    torch = torch_cuda()
+    if torch is None:
+        report("INFO", "stream_lifetime", "skipped: torch has no CUDA here")
+        return
+    comm = one_rank(30)
+    device = comm.transport.device
+    t = torch.full((1 << 16,), 2.0, device=f"cuda:{device}")
+    view = t[1:]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    comm.allreduce(t, "sum", out=None, stream=stream)  # out of place would keep t; in place records it
+    stream.synchronize()
+    pointer = stream.ptr
+    del stream
+    gc.collect()
+    problems = []
+    try:
+        total = float(view.sum().item())  # the view still holds the memory
+        del t, view
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # frees the block: its events are recorded on the streams it was used on
+        torch.cuda.synchronize()
+        again = torch.ones(1 << 16, device=f"cuda:{device}")
+        total_again = float(again.sum().item())
+    except Exception as error:  # noqa: BLE001
+        problems.append(f"{type(error).__name__}: {error}")
+        total = total_again = -1.0
+    good = not problems and total == 2.0 * ((1 << 16) - 1) and total_again == float(1 << 16)
+    report("PASS" if good else "FAIL", "stream_lifetime",
+           f"tensor recorded on CuPy stream {pointer:#x}, released by the caller before the tensor; "
+           f"free and reuse: {problems or 'no error'}")  # fmt: skip
+    comm.close()
+
+
 PROBES: Dict[str, Callable[[], None]] = {
     "destroy": destroy, "close": close, "close_untimed": close_untimed, "capture": capture,
-    "freed_stream": freed_stream, "default_stream": default_stream,
+    "freed_stream": freed_stream, "default_stream": default_stream, "stream_lifetime": stream_lifetime,
 }
 
 

@@ -76,6 +76,16 @@ def init(**options: object) -> denseccl.Communicator:
     return denseccl.init(backend="nccl", **options)  # type: ignore[arg-type]
 
 
+def init_short(seconds: float, **options: object) -> denseccl.Communicator:
+    """A communicator whose calls time out after ``seconds``, made with room for NCCL's init and
+    its first (lazy) connections, which over sockets on a shared GPU can take longer than that."""
+    comm = init(timeout=60, **options)
+    comm.timeout = seconds
+    comm.transport.timeout = seconds
+    comm.transport._watchdog.timeout = seconds  # the transport's watchdog reads it at each call
+    return comm
+
+
 def ones(n: int = 4, value: float = 1.0):
     return cupy_from_host(np.full(n, value, np.float32))
 
@@ -219,9 +229,9 @@ def faults(comm) -> None:
     """Rank 0 meets three kinds of peer that never join; the other ranks stay alive (but idle)
     until rank 0 is done, so that NCCL sees a hang, not a closed connection."""
     rank = comm.rank
-    agreement = init(timeout=3)
-    hang = init(timeout=3, check="off")
-    watched = init(timeout=3, check="off")
+    agreement = init_short(3)
+    hang = init_short(3, check="off")
+    watched = init_short(3, check="off")
     xs = [ones() for _ in range(4)]
     store = _shared_store()
     if rank != 0:

@@ -8,12 +8,14 @@
 # 1. finds a Python with CuPy, NCCL and pytest; installs what is missing from ./.whl (carried
 #    wheels, see tests/gpu/fetch_wheels.sh) or, failing that, PyPI with short timeouts; writes
 #    versions.txt;
+# 1b. builds a wheel offline (--no-build-isolation, no index) and checks torch against the extra;
 # 2. the GPU tests of one process (all of tests/gpu but test_gpu_ranks.py);
 # 2b. probes of the real stack (tests/gpu/probe.py, one process each): does ncclCommDestroy wait
 #    for a kernel, close() with a blocked stream (timeout 2 s, and none), a global-mode capture
 #    after a dropped Work, a capture stream destroyed after its capture, torch's stream for
-#    handle 0; each prints what it measured, PASS/FAIL lines count like tests;
-# 3. two ranks on one GPU: plainly (NCCL is expected to say "Duplicate GPU detected") and with a
+#    handle 0, a CuPy stream let go before the torch tensor recorded on it; each prints what it
+#    measured, PASS/FAIL lines count like tests;
+# 3. two ranks on one GPU: plainly (denseccl must refuse on both ranks before NCCL) and with a
 #    separate NCCL_HOSTID per rank over sockets on lo: two-ranks.json;
 # 4. the two-rank GPU tests (tests/gpu/test_gpu_ranks.py) in the mode that worked;
 # 5. the GPU benchmark (needs mpi4py with an MPI library: skipped, not failed, without one), one
@@ -135,7 +137,7 @@ run_pytest() {  # name, cap, pytest arguments...
   if [ "$limit" -lt 30 ]; then record "SKIP pytest $name: not enough of the budget left"; return; fi
   # pytest dumps every thread's stack 15 s before its cap; tests keep their own limits below
   # DENSECCL_GPU_INNER_TIMEOUT so that a hung rank's output is printed before that
-  DENSECCL_GPU_INNER_TIMEOUT=$((limit - 30)) timeout -k 10 "$limit" "$PY" -m pytest -q -rfE -p no:cacheprovider \
+  DENSECCL_GPU_INNER_TIMEOUT=$((limit - 30)) timeout -k 10 "$limit" "$PY" -m pytest -v -rfE -p no:cacheprovider \
     -o faulthandler_timeout=$((limit - 15)) --junitxml="$work/$name.xml" "$@"
   local status=$?
   if [ ! -s "$work/$name.xml" ]; then
@@ -145,13 +147,33 @@ run_pytest() {  # name, cap, pytest arguments...
   fi
 }
 
+# -- 1b. install offline -------------------------------------------------------------------------
+step "install offline: a wheel with this Python's setuptools, no index"
+setuptools_version="$("$PY" -c 'import setuptools; print(setuptools.__version__)' 2>/dev/null || echo none)"
+torch_version="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)"
+mkdir -p "$work/src"  # a copy: pip builds in the tree it is given
+cp -r "$root/denseccl" "$root/setup.py" "$root/pyproject.toml" "$root/README.md" "$root/LICENSE" "$work/src/"
+if timeout "$(cap 90)" "$PY" -m pip wheel --no-build-isolation --no-index --no-deps -q --disable-pip-version-check \
+    -w "$work/wheel" "$work/src" >"$work/wheel.log" 2>&1; then
+  record "PASS install offline: pip wheel --no-build-isolation --no-index with setuptools $setuptools_version"
+else
+  record "FAIL install offline with setuptools $setuptools_version: $(grep -v '^\s*$' "$work/wheel.log" | tail -n 1 | cut -c1-200)"
+fi
+if [ "$torch_version" != none ]; then
+  if "$PY" -c "import sys, torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < (2, 11))"; then
+    record "PASS denseccl[torch] admits this torch ($torch_version): pip keeps it"
+  else
+    record "FAIL denseccl[torch] requires torch>=2.11 but this machine has $torch_version"
+  fi
+fi
+
 # -- 2. one rank ---------------------------------------------------------------------------------
 step "GPU tests in this process (all of tests/gpu but the two-rank file)"
 run_pytest single 200 tests/gpu --ignore=tests/gpu/test_gpu_ranks.py
 
 # -- 2b. probes ----------------------------------------------------------------------------------
 step "probes of the real stack: close, captures, a freed capture stream, torch's default stream"
-for probe in destroy close close_untimed capture freed_stream default_stream; do
+for probe in destroy close close_untimed capture freed_stream default_stream stream_lifetime; do
   limit="$(cap 45)"
   if [ "$limit" -lt 20 ]; then record "SKIP probe $probe: not enough of the budget left"; continue; fi
   timeout -k 5 "$limit" "$PY" tests/gpu/probe.py "$probe" >"$work/probe.txt" 2>&1
@@ -172,6 +194,14 @@ if [ "$(cap 120)" -ge 60 ]; then
   DENSECCL_GPU_INNER_TIMEOUT=$(($(cap 120) - 15)) timeout -k 10 "$(cap 120)" "$PY" tests/gpu/two_ranks.py "$out/two-ranks.json" | tee "$work/two-ranks.txt"
   mode="$(grep '^MODE=' "$work/two-ranks.txt" | tail -n 1 | cut -d= -f2)"
   grep '^two ranks' "$work/two-ranks.txt" | while read -r line; do note "$line"; done
+  if [ "$("$PY" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())' 2>/dev/null)" = 1 ]; then
+    # one GPU: the plain attempt must be refused by denseccl on both ranks, before NCCL is asked
+    if grep -q '^two ranks on one GPU, plain: refused by denseccl before NCCL' "$work/two-ranks.txt"; then
+      record "PASS two ranks on one GPU refused on every rank before NCCL"
+    else
+      record "FAIL two ranks on one GPU: $(grep -m 1 '^two ranks on one GPU, plain' "$work/two-ranks.txt")"
+    fi
+  fi
   [ -n "$mode" ] || { record "FAIL two-rank probe: did not finish"; mode=no; }
   note "two-rank mode for the tests: $mode"
 else
@@ -184,7 +214,10 @@ step "two-rank GPU tests"
 if [ "$mode" = no ]; then
   record "SKIP pytest ranks: two ranks cannot run here (see two-ranks.json)"
 else
-  run_pytest ranks 180 tests/gpu/test_gpu_ranks.py
+  # one pytest per test, each with its own cap and summary line: an overrun hides nothing else
+  run_pytest ranks-collectives 170 tests/gpu/test_gpu_ranks.py::test_two_ranks_collectives
+  run_pytest ranks-faults 110 tests/gpu/test_gpu_ranks.py::test_two_ranks_faults
+  run_pytest ranks-mpiexec 100 tests/gpu/test_gpu_ranks.py::test_two_ranks_under_mpiexec
 fi
 
 # -- 5. benchmark --------------------------------------------------------------------------------

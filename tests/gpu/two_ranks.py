@@ -1,7 +1,8 @@
 """Can two ranks share one GPU? Try it twice and record what NCCL says.
 
-1. plain: two ranks on GPU 0 (CUDA_VISIBLE_DEVICES=0), nothing else set. NCCL is expected to
-   refuse with "Duplicate GPU detected".
+1. plain: two ranks on GPU 0 (CUDA_VISIBLE_DEVICES=0), nothing else set. denseccl is expected
+   to refuse on both ranks before NCCL is asked ("runs one rank per GPU"), as NCCL would
+   ("Duplicate GPU detected").
 2. hostid: the same, but each rank has its own NCCL_HOSTID (with NCCL_SOCKET_IFNAME=lo,
    NCCL_IB_DISABLE=1), so that NCCL believes they are on two hosts and connects them through
    sockets.
@@ -32,7 +33,15 @@ def attempt(split_hosts: bool) -> dict:
     )
     text = "\n".join(r["stdout"] + r["stderr"] for r in results)
     ok = all(r["returncode"] == 0 for r in results)
-    verdict = "works" if ok else ("refused: Duplicate GPU detected" if "Duplicate GPU" in text else "failed")
+    refused_early = sum("runs one rank per GPU" in r["stdout"] + r["stderr"] for r in results)
+    if ok:
+        verdict = "works"
+    elif refused_early == len(results):
+        verdict = "refused by denseccl before NCCL, on every rank (one rank per GPU)"
+    elif "Duplicate GPU" in text:
+        verdict = f"refused by NCCL (Duplicate GPU detected; denseccl's own check on {refused_early} of 2 ranks)"
+    else:
+        verdict = "failed"
     tail = [line for line in text.splitlines() if "NCCL" in line or "Error" in line or "error" in line][-12:]
     return {
         "split_hosts": split_hosts, "ok": ok, "verdict": verdict, "probe": [j for r in results for j in r["json"]],

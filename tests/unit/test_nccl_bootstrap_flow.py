@@ -72,6 +72,12 @@ def fakes(monkeypatch):
     monkeypatch.setattr(nccl_transport, "CudaStreams", lambda device: FakeCuda().streams(device))
     monkeypatch.setattr(denseccl.arrays, "_cuda_device_of_pointer", lambda pointer: 0)
     monkeypatch.setattr(denseccl.streams, "current_stream_pointer", lambda library, device: 0)
+    # ranks as threads share device 0, as ranks with their own NCCL_HOSTID may (one host each for NCCL)
+    real = nccl_bootstrap.device_identity
+    monkeypatch.setattr(
+        nccl_bootstrap, "device_identity",
+        lambda cupy, device: real(cupy, device, {"NCCL_HOSTID": f"thread-{threading.get_ident()}"}),
+    )
     return nccl
 
 

@@ -28,7 +28,10 @@ cupy_backends/cuda/libs/nccl.pyx):
   (ncclInProgress, 7) building it raises ``KeyError(status)``, which is what CuPy then raises;
 - ``destroy()`` (ncclCommDestroy) waits for the kernels enqueued on the communicator
   (``commDestroySync`` synchronizes NCCL's stream, which waits for them): here for the host
-  functions that block a stream it was given (``FakeCuda.block``).
+  functions that block a stream it was given (``FakeCuda.block``);
+- a multi-rank call on a capturing stream leaves a persistent plan (``persistent_refs``,
+  NCCL's ``localPersistentRefs``) that only the graph's destruction drops; ``destroy()`` and
+  ``abort()`` then wait for it forever in NCCL (``commDestroySync``): the fake raises instead.
 """
 
 from __future__ import annotations
@@ -142,6 +145,10 @@ class CUDARuntimeError(RuntimeError):
         self.status = status
 
 
+class WouldHang(BaseException):
+    """Where NCCL would wait forever (a BaseException: cleanup code suppresses Exception)."""
+
+
 #: fake communicators that were destroyed because they were garbage collected (CuPy's __dealloc__)
 COLLECTED: List[str] = []
 
@@ -171,6 +178,10 @@ class FakeComm:
         self.used_streams: set = set()
         self._inside = 0
         self._holding: Optional[threading.Event] = None
+        #: NCCL's localPersistentRefs: plans of calls captured into CUDA graphs (multi-rank only;
+        #: one rank enqueues no kernel for them), dropped when those graphs are destroyed
+        self.persistent_refs = 0
+        self.hung: Optional[str] = None
 
     def rank_id(self):
         return self._rank
@@ -197,6 +208,8 @@ class FakeComm:
                 raise error
             self.calls.append((name, *args))
             self.used_streams.add(args[-1])
+            if self._size > 1 and self.device is not None and args[-1] in self.device.capturing:
+                self.persistent_refs += 1  # a persistent plan: held by the graph until it is destroyed
         finally:
             self._inside -= 1
 
@@ -241,9 +254,21 @@ class FakeComm:
         self.freed_while_inside = self.freed_while_inside or self._inside > 0
         self.comm = 0
 
+    def _would_hang(self, what: str) -> None:
+        """commDestroySync polls until every graph holding this communicator is destroyed:
+        forever, from close or exit. The fake fails where the real library would hang: it notes
+        it (``hung``, for calls made in threads) and raises what no ``except Exception`` swallows."""
+        if self.persistent_refs:
+            self.hung = f"{what} would hang: {self.persistent_refs} CUDA graph plan(s) still hold the communicator"
+            raise WouldHang(self.hung)
+
+    def _graphs_destroyed(self) -> None:
+        self.persistent_refs = 0
+
     def abort(self):
         if not self.comm:
             return
+        self._would_hang("ncclCommAbort")
         if self.abort_waits is not None:
             self.abort_waits()
         self.aborted = True
@@ -254,6 +279,7 @@ class FakeComm:
     def destroy(self):
         if not self.comm:
             return
+        self._would_hang("ncclCommDestroy")
         if self.device is not None:  # ncclCommDestroy synchronizes with the kernels it enqueued
             self.device.wait_streams(self.used_streams)
         self.destroyed = True
@@ -378,6 +404,10 @@ class FakeCuda:
             @property
             def compute_capability(self):
                 return world.capability
+
+            @property
+            def pci_bus_id(self):
+                return f"0000:{0x18 + (self.id or 0):02X}:00.0"  # cudaDeviceGetPCIBusId's form
 
             def use(self):
                 pass

@@ -37,6 +37,7 @@ def test_run_script_dry(tmp_path):
     assert process.returncode == 1, log[-3000:]
     text = "\n".join(summary)
     assert "FAIL environment" in text
+    assert "PASS install offline: pip wheel --no-build-isolation --no-index with setuptools" in text, text
     environment = next(line for line in summary if line.startswith("FAIL environment"))
     assert "No module named" not in environment and "nccl backend cannot run here" in environment, environment
     assert "pytest single:" in text  # ran: every GPU test skipped without a GPU

@@ -394,7 +394,9 @@ def test_torch_tensors_resolve_torchs_current_stream(monkeypatch):
     monkeypatch.setattr(streams, "current_stream_pointer", lambda library, device: seen.append((library, device)) or 7)
     buffer = arrays.Buffer(1, None, 0, "torch", False, None)
     assert streams.current_stream(buffer) == StreamRef(7, "torch", 0) and seen == [("torch", 0)]
-    assert streams.current_stream(buffer, SimpleNamespace(cuda_stream=9)) == StreamRef(9, "torch", 0)
+    given = SimpleNamespace(cuda_stream=9)
+    assert streams.current_stream(buffer, given) == StreamRef(9, "torch", 0, given)  # kept for torch's allocator
+    assert streams.current_stream(buffer, 9) == StreamRef(9, "torch", 0)  # a bare handle: nothing to keep
     with pytest.raises(ArgumentError, match="not a CUDA stream"):
         streams.stream_pointer(True)
 

@@ -25,16 +25,24 @@ from ..rendezvous import SRUN_VARIABLES
 from ..slurm import srun_mpi_option
 
 
-def import_mpi() -> Any:
-    """mpi4py's ``MPI``, or :class:`DenseCCLError` with how to install it."""
+def import_mpi(what: str = "the mpi backend") -> Any:
+    """mpi4py's ``MPI``, or :class:`DenseCCLError` with how to install it. mpi4py's ABI wheels
+    load the MPI library when ``mpi4py.MPI`` is imported and raise RuntimeError ("cannot load MPI
+    library", one line per path tried) when there is none: that is a missing install too."""
     try:
         from mpi4py import MPI  # noqa: PLC0415 - optional dependency
-    except ImportError as error:
+    except (ImportError, RuntimeError) as error:
         raise DenseCCLError(
-            f"the mpi backend needs mpi4py and an MPI library ({error}); install them with "
+            f"{what} needs mpi4py and an MPI library ({mpi_load_failure(error)}); install them with "
             "pip install 'denseccl[mpi]' (mpi4py and mpich) and launch the job with mpiexec"
         ) from None
     return MPI
+
+
+def mpi_load_failure(error: BaseException) -> str:
+    """Why ``from mpi4py import MPI`` failed, on one line (mpi4py lists each library path it tried)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {'; '.join(lines) or 'no message'}"
 
 
 def init_mpi(
@@ -100,4 +108,4 @@ def _log_mpi(MPI: Any, base: Any) -> None:
              config.settings().host_kernels)
 
 
-__all__ = ["import_mpi", "init_mpi"]
+__all__ = ["import_mpi", "init_mpi", "mpi_load_failure"]

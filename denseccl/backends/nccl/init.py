@@ -22,10 +22,12 @@ from typing import Any, Optional, Tuple
 from ... import config
 from ...communicator import Communicator
 from ...errors import DenseCCLError
+from ..mpi.init import mpi_load_failure, refuse_singleton
 from ..rendezvous import env_int, env_launch, env_store, store_namespace
-from .tables import NCCL_IN_PROGRESS, in_progress_error, nccl_status
+from .advice import install_hint, nccl_wheel
+from .placement import check_one_rank_per_device, device_identity
+from .tables import NCCL_IN_PROGRESS, in_progress_error, nccl_status, result_name
 
-INSTALL_HINT = "pip install 'denseccl[cuda12]' (CuPy and NCCL for CUDA 12; 'denseccl[cuda13]' for CUDA 13)"
 UNIQUE_ID_BYTES = 128
 
 # -- is NCCL usable here? -------------------------------------------------------------------------
@@ -38,12 +40,12 @@ def nccl_missing() -> Optional[str]:
     except ImportError as error:
         return (
             f"the nccl backend needs CuPy, which is not installed ({error}). Install CuPy and NCCL with "
-            f"{INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
+            f"{install_hint()}; for host arrays use denseccl.init(backend='mpi')"
         )
     except Exception as error:  # noqa: BLE001 - a broken CUDA install can fail in many ways
         return (
             f"the nccl backend needs CuPy, which failed to import ({type(error).__name__}: {error}); "
-            f"reinstall it with {INSTALL_HINT}"
+            f"reinstall it with {install_hint()}"
         )
     problems = []
     try:
@@ -70,7 +72,7 @@ def nccl_missing() -> Optional[str]:
     return (
         "the nccl backend cannot run here: "
         + "; and ".join(problems)
-        + f". Install the GPU stack with {INSTALL_HINT}; for host arrays use denseccl.init(backend='mpi')"
+        + f". Install the GPU stack with {install_hint()}; for host arrays use denseccl.init(backend='mpi')"
     )
 
 
@@ -85,17 +87,16 @@ def _nccl_load_problem() -> str:
     if error is not None and "undefined symbol" in error:
         return (
             f"CuPy's NCCL extension cannot use the libnccl it loaded ({error}): that NCCL is older than this CuPy "
-            "needs. Install a newer one (pip install -U nvidia-nccl-cu12, or nvidia-nccl-cu13 for CUDA 13), or put "
+            f"needs. Install a newer one (pip install -U {nccl_wheel()}), or put "
             "a newer libnccl.so.2 ahead of the old one (LD_LIBRARY_PATH, a system NCCL or a torch wheel's can shadow "
-            "the one denseccl[cuda12] installs)"
+            "the one the denseccl[cuda12] or [cuda13] extra installs)"
         )
     if error is not None and "libnccl" not in error:
-        return f"CuPy's NCCL extension failed to load ({error}); reinstall CuPy and NCCL with {INSTALL_HINT}"
+        return f"CuPy's NCCL extension failed to load ({error}); reinstall CuPy and NCCL with {install_hint()}"
     return (
         "CuPy cannot load the NCCL library libnccl.so.2 (cupy.cuda.nccl.available is False"
         + (f": {error}" if error else "")
-        + "): install it with pip install nvidia-nccl-cu12 (or nvidia-nccl-cu13 for CUDA 13), which "
-        "denseccl[cuda12] includes"
+        + f"): install it with pip install {nccl_wheel()}, which the denseccl[cuda12] and [cuda13] extras include"
     )
 
 
@@ -148,13 +149,27 @@ def cupy_wants_bytes(version: str) -> bool:
 
 def make_communicator(factory: Any, size: int, raw: bytes, rank: int, cupy_version: str) -> Any:
     """``factory(size, unique_id, rank)`` with the id in the form this CuPy takes. A
-    non-blocking communicator (ncclInProgress, which CuPy cannot name) is refused clearly."""
+    non-blocking communicator (ncclInProgress, which CuPy cannot name) is refused clearly; any
+    other NCCL error becomes a :class:`DenseCCLError` that says where to look."""
     try:
         return factory(size, raw if cupy_wants_bytes(cupy_version) else unique_id_tuple(raw), rank)
-    except KeyError as error:
-        if nccl_status(error) == NCCL_IN_PROGRESS:
+    except Exception as error:
+        status = nccl_status(error)
+        if status == NCCL_IN_PROGRESS:
             raise in_progress_error("ncclCommInitRank") from None
-        raise
+        if status is None:
+            raise
+        raise DenseCCLError(
+            f"NCCL could not make the communicator of rank {rank} of {size} (ncclCommInitRank: {result_name(status)}, "
+            f"{error}). NCCL_DEBUG=WARN prints NCCL's reason; {INIT_ADVICE.get(status, GENERIC_INIT_ADVICE)}"
+        ) from error
+
+
+GENERIC_INIT_ADVICE = "every rank must run the same NCCL and reach the others (NCCL_SOCKET_IFNAME names the interface)"
+INIT_ADVICE = {
+    5: "ncclInvalidUsage at init is most often two ranks of one host on one GPU: start one rank per GPU",
+    2: "ncclSystemError at init is most often a network NCCL cannot use: set NCCL_SOCKET_IFNAME (lo on one host)",
+}
 
 
 def pick_device(local_rank: Optional[int], rank: int, count: int) -> int:
@@ -194,15 +209,17 @@ def launch_kind(*, comm: Any = None, store: Any = None, size: Optional[int] = No
 
 
 def _mpi_world() -> Any:
-    """MPI's COMM_WORLD, or None when there is no MPI and no MPI launcher (a single rank)."""
+    """MPI's COMM_WORLD, or None when there is no MPI and no launcher of many ranks (a single
+    rank). A launcher's world size above one without MPI is refused, never made a world of one."""
     try:
         from mpi4py import MPI  # noqa: PLC0415
-    except Exception as error:  # noqa: BLE001 - ImportError, or no MPI library behind mpi4py
+    except Exception as error:  # noqa: BLE001 - ImportError, or RuntimeError: no MPI library behind mpi4py
         if config.launched_by_mpi():
             raise DenseCCLError(
-                f"this looks like an MPI launch, but mpi4py cannot start ({type(error).__name__}: {error}); install "
+                f"this looks like an MPI launch, but mpi4py cannot start ({mpi_load_failure(error)}); install "
                 "it with pip install 'denseccl[mpi]', or launch with torchrun-style variables"
             ) from None
+        refuse_singleton(1)
         return None
     return MPI.COMM_WORLD
 
@@ -264,8 +281,13 @@ def init_nccl(
             raw = unique_id_bytes(store.get(key))
             control = open_store_control(store, rank, size, f"{namespace}/control", deadline)
 
-    with cupy.cuda.Device(device):
-        nccl_comm = make_communicator(nccl.NcclCommunicator, size, raw, rank, cupy.__version__)
+    try:
+        check_one_rank_per_device(control, device_identity(cupy, device), deadline)  # before NCCL refuses it
+        with cupy.cuda.Device(device):
+            nccl_comm = make_communicator(nccl.NcclCommunicator, size, raw, rank, cupy.__version__)
+    except BaseException:
+        control.close()
+        raise
     transport = NCCLTransport(nccl_comm, device, timeout=timeout, version=nccl.get_version())
     try:
         transport.barrier().synchronize(deadline)  # fail early, in the constructor (vLLM does the same)

@@ -106,6 +106,9 @@ class NCCLTransport(Transport):
         self._deferred: Optional[str] = None  # "abort" or "destroy", run when the last call leaves
         self._released = False
         self._closed = False
+        #: a call was captured into a CUDA graph: NCCL's destroy and abort then wait until every
+        #: graph holding its persistent references is destroyed (forever, from close or exit)
+        self._captured_any = False
         self._scratch: Any = None
         #: the control channel's flag and who gave up (:meth:`hear`), or None
         self._peers: Optional[Tuple[Flag, Callable[[], Optional[int]]]] = None
@@ -187,24 +190,36 @@ class NCCLTransport(Transport):
                     self._abort_grace,
                 )
                 self._deferred = None
-            self._release("abort")
+            aborting = self._release("abort")
+        self._run_abort(aborting)
 
-    def _release(self, how: str) -> None:
-        """Abort or destroy the communicator (lock held, no call inside NCCL)."""
+    def _release(self, how: str) -> bool:
+        """Destroy the communicator, or mark it aborted (lock held, no call inside NCCL); True
+        when the caller must then run ncclCommAbort, outside the lock (:meth:`_run_abort`): its
+        frees wait for the whole device, where a stuck kernel of another communicator would
+        hold every thread that asks this transport anything. A communicator that ever had a
+        call captured is kept instead (retired): NCCL would wait for the graphs to be destroyed."""
         if self._released:
-            return
+            return False
         self._released = True
+        if self._captured_any:
+            abandon(self.comm, self._scratch, self._premul)  # never destroyed, past exit too
+            return False
         if how == "abort":
             self._premul.clear()  # the ops die with the communicator
-            with contextlib.suppress(Exception):  # aborting is the last resort; nothing more to do
-                self.comm.abort()
-            return
+            return True
         handle = raw_handle(self.comm)
         for op in self._premul.values():
             with contextlib.suppress(Exception):
                 self.library.destroy_op(op, handle)
         self._premul.clear()
         self.comm.destroy()
+        return False
+
+    def _run_abort(self, aborting: bool) -> None:
+        if aborting:
+            with contextlib.suppress(Exception):  # aborting is the last resort; nothing more to do
+                self.comm.abort()
 
     def _enter(self) -> None:
         """Count a call into NCCL in (refused once the communicator failed or was closed)."""
@@ -216,13 +231,15 @@ class NCCLTransport(Transport):
         raise DenseCCLError("this NCCL transport has been closed")
 
     def _leave(self) -> None:
+        aborting = False
         with self._lock:
             self._inside -= 1
             if self._inside == 0:
                 self._left.notify_all()
                 if self._deferred is not None:
                     how, self._deferred = self._deferred, None
-                    self._release(how)
+                    aborting = self._release(how)
+        self._run_abort(aborting)
 
     def check_op(self, op: Op, dtype: DType) -> None:
         if dtype.name.startswith("float8") and self.version >= FP8_SINCE and dtype.name not in self._reducible:
@@ -290,6 +307,8 @@ class NCCLTransport(Transport):
                 raise
             if entry is not None:
                 entry.event = event
+            if captured:
+                self._captured_any = True
         finally:
             self._leave()
         return NCCLPending(self, event, ref, host, captured)
@@ -416,6 +435,11 @@ class NCCLTransport(Transport):
             if self._closed:
                 return
             self._closed = True
+        if self._captured_any:
+            log.info("close(): a call on this NCCL communicator was captured into a CUDA graph; ncclCommDestroy "
+                     "would wait until every such graph is destroyed, so the communicator is retired (kept)")
+            self._keep()
+            return
         if self._failure is None and not self._watchdog.wait_idle(self._close_wait()):
             capturing = self.events.capture_in_progress()  # then its work cannot be asked about
             if self.timeout is None or capturing:
