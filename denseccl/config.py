@@ -71,6 +71,9 @@ SPLIT_HALVES_BYTES = 1 << 20
 NOTE_PUSH_SECONDS = 0.2
 #: the longest single blocking wait on a key-value store; the deadline is checked between waits
 STORE_WAIT_SLICE = 30.0
+#: a point-to-point message of at most this many bytes goes with its header in one message,
+#: through a copy on each side (cheaper than a second message below it; torch/p2p.py)
+P2P_ONE_MESSAGE_BYTES = 1 << 16
 #: NCCL PreMulSum ops kept per NCCL communicator (one per factor and dtype); past this the least
 #: recently used is destroyed once the calls given it have returned
 PREMUL_CACHE = 64

@@ -9,7 +9,9 @@ completion. What moves is the sender's values in row-major order, as gloo moves 
 may differ where the bytes agree: a 0-d tensor into a tensor of one element): where the
 receiver's layout is the sender's, or both spans hold their values row-major, the bytes
 already lie where they belong; otherwise (or for a receiver that is not dense) one copy lays
-them out, never a wrong value. Messages of one
+them out, never a wrong value. A message of at most ``config.P2P_ONE_MESSAGE_BYTES`` goes
+with its header in one message instead, copied on each side: below that size a second
+message costs more than the copies. Messages of one
 source and tag arrive in the order they were sent (MPI's non-overtaking rule, gloo's pairs),
 so headers and spans pair up; a receive from any source posts its span's receive once the
 header has named the source. Why not one message: the receiver must post its buffer before
@@ -22,6 +24,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import config
 from ..errors import ArgumentError, MismatchError
 from ..layout import contiguous_strides, physical_order
 from ._issue import Issue
@@ -31,6 +34,8 @@ from ._tensors import is_dense, land
 HEADER = 32
 #: the most dims a header describes; a tensor with more moves row-major
 MOST_DIMS = (HEADER - 2) // 2
+#: a header's bytes
+HEADER_BYTES = HEADER * 8
 
 
 def order_of(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
@@ -70,8 +75,14 @@ def send(engine: Any, tensors: List[torch.Tensor], dst: int, tag: int) -> Issue:
         order = order_of(t)
         if order is None:  # not dense: its values, row-major
             t, order = t.contiguous(), tuple(range(t.dim()))
-        head = engine.send(header(t.numel() * t.element_size(), tuple(t.shape), order), dst, tag)
-        return [head, engine.send(span_of(t), dst, tag)], lambda: tensors
+        nbytes = t.numel() * t.element_size()
+        words = header(nbytes, tuple(t.shape), order)
+        if nbytes <= config.P2P_ONE_MESSAGE_BYTES:
+            message = torch.empty(HEADER_BYTES + nbytes, dtype=torch.uint8)
+            message[:HEADER_BYTES] = words.view(torch.uint8)
+            message[HEADER_BYTES:] = span_of(t).view(torch.uint8)
+            return [engine.send(message, dst, tag)], lambda: tensors
+        return [engine.send(words, dst, tag), engine.send(span_of(t), dst, tag)], lambda: tensors
 
     return issue
 
@@ -107,38 +118,50 @@ def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[
         if len(tensors) != 1:
             raise ArgumentError(f"recv takes one tensor, got {len(tensors)}")
         out = tensors[0]
+        wanted = out.numel() * out.element_size()
+        if wanted <= config.P2P_ONE_MESSAGE_BYTES:
+            message = torch.empty(HEADER_BYTES + wanted, dtype=torch.uint8)
+            step, source, _ = engine.recv(message, src, tag)
+            sources.append(source)
+            words = message[:HEADER_BYTES].view(torch.int64)
+            lying = message[HEADER_BYTES:].view(out.dtype) if wanted else torch.empty(0, dtype=out.dtype)
+            return [step], lambda: lay_out(out, words, lying, None, source)
         order = order_of(out)
         target = out if order is not None else torch.empty(out.shape, dtype=out.dtype)
-        order = order if order is not None else tuple(range(out.dim()))
         words = torch.zeros(HEADER, dtype=torch.int64)
         head, source, _ = engine.recv(words, src, tag)
         sources.append(source)
         span = span_of(target)
         if src >= 0:
-            step: Any = engine.recv(span, src, tag)[0]
-        else:
-            step = AfterHeader(head, source, lambda found: engine.recv(span, found, tag)[0])
+            return [head, engine.recv(span, src, tag)[0]], lambda: lay_out(out, words, span, order_of(target), source)
+        after = AfterHeader(head, source, lambda found: engine.recv(span, found, tag)[0])
+        return [after], lambda: lay_out(out, words, span, order_of(target), source)
 
-        def finish() -> List[torch.Tensor]:
-            nbytes, ndim = int(words[0]), int(words[1])
-            wanted = out.numel() * out.element_size()
-            if nbytes != wanted:
-                raise MismatchError(
-                    f"recv from rank {source()} got {nbytes} bytes into a tensor of {wanted} bytes ({out.dtype}, "
-                    f"shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
-                )
-            values = [int(w) for w in words[2 : 2 + 2 * ndim]]
-            shape, sent = tuple(values[:ndim]), tuple(values[ndim:])
-            shape_ok = shape == tuple(out.shape)
-            if (shape_ok and sent == order) or (row_major(shape, sent) and row_major(tuple(out.shape), order)):
-                if target is not out:
-                    land(out, target)
-            elif out.numel():  # the bytes lie in the sender's order: lay its values out in ``out``
-                lying = (span.clone() if target is out else span).as_strided(shape, contiguous_strides(shape, sent))
-                land(out, lying if shape_ok else lying.reshape(out.shape))
-            return tensors
-
-        return ([head, step] if src >= 0 else [step]), finish
+    def lay_out(
+        out: torch.Tensor, words: torch.Tensor, lying: torch.Tensor, order: Optional[Tuple[int, ...]],
+        source: Callable[[], int],
+    ) -> List[torch.Tensor]:
+        """Put the values of the received span ``lying`` (the sender's, in the order its header
+        ``words`` gives) in ``out``; ``order``: the order of ``lying``'s memory when it is
+        ``out``'s own span, None for a staging span."""
+        nbytes, ndim = int(words[0]), int(words[1])
+        wanted = out.numel() * out.element_size()
+        if nbytes != wanted:
+            raise MismatchError(
+                f"recv from rank {source()} got {nbytes} bytes into a tensor of {wanted} bytes ({out.dtype}, "
+                f"shape {tuple(out.shape)}); send and recv tensors must have the same dtype and numel"
+            )
+        values = [int(w) for w in words[2 : 2 + 2 * ndim]]
+        shape, sent = tuple(values[:ndim]), tuple(values[ndim:])
+        into_out = order is not None and lying.data_ptr() == out.data_ptr()
+        if into_out and (shape == tuple(out.shape) and sent == order or (
+            row_major(shape, sent) and row_major(tuple(out.shape), order)  # type: ignore[arg-type]
+        )):
+            return tensors  # the bytes lie where they belong
+        if out.numel():
+            laid = (lying.clone() if into_out else lying).as_strided(shape, contiguous_strides(shape, sent))
+            land(out, laid if shape == tuple(out.shape) else laid.reshape(out.shape))
+        return tensors
 
     return issue, lambda: sources[0]()
 

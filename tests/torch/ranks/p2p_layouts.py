@@ -1,8 +1,10 @@
 """send/recv between every pair of layouts (tests/torch/ranks/common.py's, plus a gapped view
 that is not dense), both directions, against the values the sender holds: the receiver gets
-the sender's values in its own layout. Where the receiver's layout is the sender's (or both
-hold their values row-major) no copy lands them (``p2p.land`` is counted), and the sender
-never copies a dense tensor (what the engine sends starts at the tensor's own data pointer).
+the sender's values in its own layout. Each pair twice: as small messages go (header and span
+in one message, copied on each side) and as large ones do (two messages): there, where the
+receiver's layout is the sender's (or both hold their values row-major), no copy lands them
+(``p2p.land`` is counted), and the sender never copies a dense tensor (what the engine sends
+starts at the tensor's own data pointer).
 
 usage: p2p_layouts.py     (2 ranks; torchrun: the gloo engine, mpiexec: MPI)
 """
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import denseccl.torch
+from denseccl import config
 from denseccl.torch import p2p
 from tests.support.checker import Checker
 from tests.torch.ranks.common import LAYOUTS
@@ -53,7 +56,9 @@ def main() -> None:
     p2p.land = counted(p2p.land)  # type: ignore[attr-defined]
     shapes = {name: t.shape for name, t in layouts().items()}
     pairs = [(a, b) for a in shapes for b in shapes if shapes[a] == shapes[b]]
-    for seed, (sending, receiving) in enumerate(pairs):
+    small = config.P2P_ONE_MESSAGE_BYTES
+    for seed, (sending, receiving, one_message) in enumerate((a, b, one) for a, b in pairs for one in (True, False)):
+        config.P2P_ONE_MESSAGE_BYTES = small if one_message else -1  # type: ignore[misc]
         for sender in (0, 1):
             LANDED.clear()
             if rank == sender:
@@ -71,7 +76,7 @@ def main() -> None:
                 same = p2p.order_of(out) is not None and (
                     sending == receiving or (row_major(out) and row_major(layouts()[sending]))
                 )
-                if same and out.numel():
+                if same and out.numel() and not one_message:
                     check.check(not LANDED, f"{sending} -> {receiving}: landed through a copy, layouts allow none")
     # a dense sender's span goes as it lies: what the engine sends starts at its data pointer
     engine = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))._aux
@@ -81,6 +86,7 @@ def main() -> None:
         SENT.append(tensor.data_ptr())
         return send(tensor, dst, tag)
 
+    config.P2P_ONE_MESSAGE_BYTES = -1  # type: ignore[misc]  # as large tensors go
     engine.send = recorded
     t = layouts()["channels-last"]
     t.copy_(values(t, 7))
