@@ -20,7 +20,9 @@ from ..communicator import Communicator
 from ..errors import ArgumentError, CommunicatorBrokenError, LayoutError, MismatchError
 from ..wait import deadline_after, wait_until
 from ._issue import Issue
+from ..layout import physical_order
 from ._tensors import land
+from .p2p import order_of, span_of
 
 #: what an engine's recv returns: the step, then (once it completed) the source rank and the
 #: bytes received (None where the engine cannot tell)
@@ -211,7 +213,8 @@ def _agreed(host: Communicator, what: str, plan: Callable[[], dict]) -> dict:
     (that rank its own error, the others a MismatchError; with the check off this rank alone,
     as the core does). Then one more step, a max-allreduce of the split matrices each rank
     fills one row of, checks that rank ``j`` receives from rank ``r`` what ``r`` sends it:
-    every rank reaches the same verdict from the same matrices."""
+    every rank reaches the same verdict from the same matrices. The same step tells whether
+    every rank's ``plan()["code"]`` is the same (:func:`_row_order_code`): ``mine["direct"]``."""
     try:
         mine = plan()
     except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
@@ -221,7 +224,10 @@ def _agreed(host: Communicator, what: str, plan: Callable[[], dict]) -> dict:
     rows = [-1] * (2 * n)  # [r * size + j]: what r sends to j; [n + j * size + r]: what j expects from r
     rows[rank * size : (rank + 1) * size] = mine["send"]
     rows[n + rank * size : n + (rank + 1) * size] = mine["recv"]
+    code = mine.get("code", -1)
+    rows += [code, -code]  # every rank's code equal: the max of the codes is minus the max of their negatives
     every = host.flow.start(host.control.allreduce_max, rows, host.flow.deadline())
+    mine["direct"] = every[2 * n] >= 0 and every[2 * n] == -every[2 * n + 1]
     lines = [
         f"rank {r} sends {every[r * size + j]} to rank {j}, which expects {every[n + j * size + r]}"
         for r in range(size)
@@ -255,21 +261,39 @@ def all_to_all_single(
             raise LayoutError(f"input rows {tuple(inp.shape[1:])} and output rows {tuple(out.shape[1:])} differ")
         ins = _splits(in_splits, inp.shape[0], host.size, "input")
         outs = _splits(out_splits, out.shape[0], host.size, "output")
-        return {"dtype": str(inp.dtype), "row": list(inp.shape[1:]), "send": ins, "recv": outs}
+        codes = {_row_order_code(inp), _row_order_code(out)}
+        code = codes.pop() if len(codes) == 1 else -1
+        return {"dtype": str(inp.dtype), "row": list(inp.shape[1:]), "send": ins, "recv": outs, "code": code}
 
     def issue() -> Tuple[List[Any], Callable[[], Any]]:
         agreed = _agreed(host, "all_to_all_single", plan)
-        source, target = inp.contiguous(), _receive_buffer(out)
+        if agreed["direct"]:  # every rank's rows lie alike, one after another: spans as they lie
+            source, target = span_of(inp), span_of(out)
+        else:
+            source, target = inp.contiguous(), _receive_buffer(out)
         step = _alltoallv(engine, "all_to_all_single", source, target, agreed, prod(inp.shape[1:]) * inp.element_size())
 
         def finish() -> List[torch.Tensor]:
-            if target is not out:
+            if not agreed["direct"] and target is not out:
                 land(out, target)
             return [out]
 
         return [step], finish
 
     return issue
+
+
+def _row_order_code(t: torch.Tensor) -> int:
+    """A number that stands for how ``t``'s rows lie in memory, where they lie one after another
+    along dim 0 (dense, dim 0 outermost): equal numbers on tensors of one row shape mean equal
+    layouts, so an all-to-all can move the spans as they lie. -1 otherwise."""
+    order = order_of(t)
+    shape, strides = tuple(t.shape), t.stride()
+    row = prod(shape[1:])
+    if order is None or (shape[0] > 1 and strides[0] != row):
+        return -1
+    inner = physical_order(shape[1:], strides[1:])
+    return sum(d * (len(inner) + 1) ** i for i, d in enumerate(inner, 1))
 
 
 def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:

@@ -1,7 +1,8 @@
-"""An all-to-all or point-to-point call interrupted on one rank after its transfer began breaks
-the communicator on every rank: the peer's wait (MPI) or next call (gloo, MPI) raises at once,
-naming the rank (tests/torch/ranks/p2p_faults.py). Before, the peer waited for the 60 s timeout,
-and an interrupt in a Work's wait failed inside torch's future ("not an Exception")."""
+"""An all-to-all or point-to-point call interrupted on one rank after its transfer began, or
+failing in its completion, breaks the communicator on every rank: the peer's wait (MPI) or its
+next call (gloo, MPI) raises at once, naming the rank (tests/torch/ranks/p2p_faults.py).
+Before, the peer waited for the 60 s timeout, and an interrupt in a Work's wait failed inside
+torch's future ("not an Exception")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,6 @@ def test_under_torchrun() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["interrupt-recv", "interrupt-irecv", "interrupt-alltoall"])
+@pytest.mark.parametrize("case", ["interrupt-recv", "interrupt-irecv", "interrupt-alltoall", "short-message"])
 def test_under_mpiexec(case: str) -> None:
     expect_summaries(run_ranks(2, PROGRAM, [case], timeout=100).stdout, f"p2p-faults-{case}", 2)

@@ -6,7 +6,9 @@ usage: p2p_faults.py CASE     (2 ranks; torchrun: the gloo engine, mpiexec: MPI)
 
 Rank 1 is interrupted (a timer's KeyboardInterrupt) half a second into a wait its peer leaves
 unanswered: ``interrupt-recv`` (``dist.recv``), ``interrupt-irecv`` (``irecv(...).wait()``),
-``interrupt-alltoall`` (``all_to_all_single``, rank 0 calling late). Then rank 0:
+``interrupt-alltoall`` (``all_to_all_single``, rank 0 calling late). Or its recv fails in its
+completion: ``short-message`` (MPI: rank 0 sends 3 floats into rank 1's 4; MismatchError),
+after which rank 0 receives from it. Then rank 0:
 
 - ``recv`` cases (MPI): it waits to receive from rank 1, which never sends; that wait raises.
 - ``alltoall``: it makes its own all-to-all call 1.5 s late; the call raises at once.
@@ -39,6 +41,13 @@ def interrupt(*_: object) -> None:
 
 def victim(case: str, check: Checker) -> None:
     buffer = torch.empty(64)
+    if case == "short-message":
+        short = torch.full((4,), -1.0)
+        check.raises("recv of fewer bytes than the tensor holds", denseccl.MismatchError,
+                     lambda: dist.recv(short, src=0, tag=5), "12 bytes into a tensor of 16 bytes")
+        check.raises("rank 1's next call", denseccl.CommunicatorBrokenError, lambda: dist.send(buffer, 0),
+                     "failed after its transfer began")
+        return
     signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 0.5)
     try:
@@ -56,6 +65,8 @@ def victim(case: str, check: Checker) -> None:
 
 def peer(case: str, check: Checker) -> None:
     buffer = torch.empty(64)
+    if case == "short-message":
+        dist.send(torch.ones(3), dst=1, tag=5)
     began = time.monotonic()
     if case == "interrupt-alltoall":
         time.sleep(1.5)
