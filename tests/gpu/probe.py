@@ -4,8 +4,8 @@ on them. One rank, one GPU; tests/gpu/run.sh runs each probe in its own process 
 hang in one hides nothing of the others).
 
 usage: python tests/gpu/probe.py NAME [NAME...]
-  names: destroy (does ncclCommDestroy wait for one rank's calls: none, a copy, a kernel?), close (timeout 2 s, a blocked
-  stream), close_untimed (no timeout), capture (a global-mode capture after a dropped Work,
+  names: destroy (does ncclCommDestroy wait for one rank's calls: none, a copy, a kernel?), close
+  (timeout 2 s, a blocked stream), close_untimed (no timeout), capture (a global-mode capture after a dropped Work,
   CuPy and torch), freed_stream (a capture stream destroyed after its capture),
   default_stream (torch's stream for handle 0), stream_lifetime (a CuPy stream given for a torch
   tensor and let go before the tensor is freed)
@@ -168,8 +168,9 @@ def close_untimed() -> None:
     watch.close()
     good = comm.transport.timeout is None and took < GATE - 2 and comm.transport.failure() is None
     report("PASS" if good else "FAIL", "close_untimed",
-           f"close() took {took:.2f} s (host function {GATE:g} s, a PreMulSum kernel behind it, transport timeout "
-           f"{comm.transport.timeout}); the kernel then gave {float(cupy_to_host(x)[0]):g}; warnings: {watch.seen}")  # fmt: skip
+           f"close() took {took:.2f} s (host function {GATE:g} s, a PreMulSum kernel behind it, transport "
+           f"timeout {comm.transport.timeout}); the kernel then gave {float(cupy_to_host(x)[0]):g}; "
+           f"warnings: {watch.seen}")  # fmt: skip
 
 
 # -- 2. a global-mode capture after a dropped Work ----------------------------------------------
