@@ -530,6 +530,13 @@ class Work:
         graph capture runs) instead of timing out."""
         return self._pending.watched
 
+    @property
+    def stream_ordered(self) -> bool:
+        """True where :meth:`wait` only makes the caller's current CUDA stream wait for the
+        collective (an NCCL call other than a barrier), never the host: its result may be handed
+        on, stream-ordered, before the device has run it (the torch adapter's futures do)."""
+        return bool(getattr(self._pending, "stream_ordered", False))
+
     def _completed(self) -> None:
         if not self._done:
             self._done, self._keep = True, None

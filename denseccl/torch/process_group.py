@@ -177,7 +177,8 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
             except BaseException as error:
                 failed(operation, error)
                 raise
-        self._progress.submit(operation)
+        with cuda_context(device):  # a stream-ordered completion records on the device's current stream
+            self._progress.launch(operation, device)
         return AsyncWork(self._progress, operation, source_rank)
 
     # -- identity ----------------------------------------------------------------------------

@@ -11,6 +11,13 @@ plus a host-side *finish* (copying a staged result into the user's tensors). Two
   ``torch.futures.Future`` the group's :class:`Progress` thread completes when the steps have
   completed. Callers that block in C++ on that future (DDP's ``finalize_backward``) are woken by
   that thread; a Python ``wait()`` drives the steps itself and returns sooner.
+- a CUDA operation whose steps are all *stream-ordered* (NCCL collectives: waiting on one only
+  makes the current stream wait for it) completes its future at once, in the caller's thread,
+  as ProcessGroupNCCL's does: the steps order the caller's current stream after them, the
+  finish is queued there, and the CUDA future's ``set_result`` records an event on that stream,
+  which every consumer's stream (``wait()``, ``then`` callbacks) waits for. The host never waits
+  for the GPU, so DDP's ``finalize_backward`` returns while the buckets' allreduces still run and
+  the optimizer's kernels queue behind them. Their timeout is the transport's watchdog's.
 
 Past an operation's deadline the thread fails a step still running by waiting on it with no time
 left (``CollectiveTimeoutError``). A step whose transport times it out itself (``watched``: NCCL,
@@ -52,6 +59,13 @@ class Operation:
     #: called with the error of a failed operation whose peers must learn it (all-to-all and
     #: point-to-point: all_to_all_p2p.breaks); its steps are then kept for good
     on_failure: Optional[Callable[[BaseException], None]] = None
+
+
+def stream_ordered(operation: Operation) -> bool:
+    """Whether every step of ``operation`` completes on a CUDA stream and waiting on it only
+    orders the caller's current stream (``Work.stream_ordered``), with nothing to tell peers on
+    failure: then its future may complete before the GPU has run it."""
+    return operation.on_failure is None and all(getattr(step, "stream_ordered", False) for step in operation.steps)
 
 
 def new_future(device: Optional[torch.device]) -> torch.futures.Future:
@@ -97,6 +111,17 @@ class Progress:
                 self._thread = threading.Thread(target=self._run, name=f"{self.name}-progress", daemon=True)
                 self._thread.start()
             self._wake.notify()
+
+    def launch(self, operation: Operation, device: Optional[torch.device]) -> None:
+        """Track an asynchronous ``operation`` started on ``device``'s current stream: a CUDA
+        operation whose steps are stream-ordered completes now, in this thread (its future's
+        value is ready on the current stream, see the module's docstring); any other is
+        submitted to the progress thread."""
+        if device is not None and device.type == "cuda" and stream_ordered(operation):
+            with self.lock:
+                self._finish(operation, blocking=True)
+            return
+        self.submit(operation)
 
     def wait(self, operation: Operation, timeout: Optional[float] = None) -> None:
         """Block until ``operation`` has completed, driving its steps from this thread;

@@ -4,8 +4,8 @@ on them. One rank, one GPU; tests/gpu/run.sh runs each probe in its own process 
 hang in one hides nothing of the others).
 
 usage: python tests/gpu/probe.py NAME [NAME...]
-  names: destroy (does ncclCommDestroy wait for a kernel?), close (timeout 2 s, a blocked
-  stream), close_untimed (no timeout), capture (a global-mode capture after a dropped Work,
+  names: destroy (does ncclCommDestroy wait for one rank's calls: none, a copy, a kernel?), close
+  (timeout 2 s, a blocked stream), close_untimed (no timeout), capture (a global-mode capture after a dropped Work,
   CuPy and torch), freed_stream (a capture stream destroyed after its capture),
   default_stream (torch's stream for handle 0), stream_lifetime (a CuPy stream given for a torch
   tensor and let go before the tensor is freed)
@@ -35,6 +35,9 @@ from tests.gpu.support import cupy_from_host, cupy_to_host, torch_cuda  # noqa: 
 
 GATE = 8.0  # seconds a host function blocks a stream: a stand-in for a peer that never comes
 RESULTS: List[str] = []
+#: what the probes put in flight: with one rank NCCL enqueues a kernel for a PreMulSum (onerank.cu)
+#: but nothing for an in-place sum, which would leave only denseccl's own event to test
+IN_FLIGHT = denseccl.PreMulSum(2.0)
 
 
 def report(outcome: str, name: str, text: str) -> None:
@@ -87,20 +90,34 @@ def _failure_time(transport: Any, started: float, found: Dict[str, float], stop:
 
 
 def destroy() -> None:
-    """The premise: ncclCommDestroy waits for a kernel of its communicator (raw CuPy)."""
-    from cupy.cuda import nccl
-
-    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
-    x = cupy_from_host(np.ones(1 << 12, np.float32))
-    stream, gate = blocked_stream(4.0)
-    comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
-    started = time.monotonic()
-    comm.destroy()
-    took = time.monotonic() - started
-    gate.set()
-    stream.synchronize()
-    report("INFO", "destroy", f"ncclCommDestroy took {took:.2f} s with its kernel behind a 4 s host function "
-           f"({'it waits for the kernel' if took > 3 else 'it does not wait for the kernel'})")  # fmt: skip
+    """Does ncclCommDestroy wait for work of its communicator? With one rank NCCL plans nothing:
+    an in-place sum enqueues nothing, an out-of-place one a copy and a PreMulSum a kernel, all on
+    the caller's stream (onerank.cu), while destroy synchronizes only NCCL's own streams; so the
+    source predicts it waits for none of the three. (A two-rank kernel is behind NCCL's device
+    stream: the two-rank faults test covers that.) Each variant has its own communicator, whose
+    library handle is destroyed directly, with the call behind a 4 s host function."""
+    seen = []
+    for variant in ("in place, sum", "out of place, sum", "in place, PreMulSum(2)"):
+        comm = one_rank(30.0)
+        x = cupy_from_host(np.ones(1 << 12, np.float32))
+        out = cupy_from_host(np.zeros(1 << 12, np.float32))
+        stream, gate = blocked_stream(4.0)
+        if variant.startswith("out"):
+            comm.allreduce(x, out=out, stream=stream)
+        else:
+            comm.allreduce(x, denseccl.PreMulSum(2.0) if "PreMul" in variant else "sum", stream=stream)
+        started = time.monotonic()
+        try:
+            comm.transport.comm.destroy()  # ncclCommDestroy itself, not denseccl's close
+        except Exception as error:  # noqa: BLE001 - said in the line
+            seen.append(f"{variant}: destroy raised {type(error).__name__}: {error}")
+        took = time.monotonic() - started
+        gate.set()
+        stream.synchronize()
+        value = float(cupy_to_host(out if variant.startswith("out") else x)[0])
+        seen.append(f"{variant}: {took:.2f} s, then {value:g}")
+    report("INFO", "destroy", "ncclCommDestroy with one rank's call behind a 4 s host function (> 3 s: it waited): "
+           + "; ".join(seen))  # fmt: skip
 
 
 def close() -> None:
@@ -110,7 +127,7 @@ def close() -> None:
     comm = one_rank(2.0)
     x = cupy_from_host(np.ones(1 << 12, np.float32))  # before the block: the copy synchronizes
     stream, gate = blocked_stream(GATE)
-    comm.allreduce(x, stream=stream)
+    comm.allreduce(x, IN_FLIGHT, stream=stream)  # a kernel in flight, not an empty one-rank call
     watch = Warnings()
     found: Dict[str, float] = {}
     stop = threading.Event()
@@ -127,7 +144,8 @@ def close() -> None:
     aborted_at = found.get("at")
     when = "never" if aborted_at is None else f"at {aborted_at:.2f} s"
     text = (
-        f"close() took {took:.2f} s (host function {GATE:g} s); the communicator was aborted {when}: {failure}; "
+        f"close() took {took:.2f} s (host function {GATE:g} s, a PreMulSum kernel behind it); the communicator "
+        f"was aborted {when}: {failure}; the kernel then gave {float(cupy_to_host(x)[0]):g} (2: it ran); "
         f"warnings: {watch.seen}"
     )
     good = failure is not None and aborted_at is not None and aborted_at < 4.0 and took < GATE + 5
@@ -140,7 +158,7 @@ def close_untimed() -> None:
     comm = one_rank(0)  # 0: no timeout
     x = cupy_from_host(np.ones(1 << 12, np.float32))
     stream, gate = blocked_stream(GATE)
-    comm.allreduce(x, stream=stream)
+    comm.allreduce(x, IN_FLIGHT, stream=stream)  # a kernel in flight
     watch = Warnings()
     started = time.monotonic()
     comm.close()
@@ -150,7 +168,8 @@ def close_untimed() -> None:
     watch.close()
     good = comm.transport.timeout is None and took < GATE - 2 and comm.transport.failure() is None
     report("PASS" if good else "FAIL", "close_untimed",
-           f"close() took {took:.2f} s (host function {GATE:g} s, transport timeout {comm.transport.timeout}); "
+           f"close() took {took:.2f} s (host function {GATE:g} s, a PreMulSum kernel behind it, transport "
+           f"timeout {comm.transport.timeout}); the kernel then gave {float(cupy_to_host(x)[0]):g}; "
            f"warnings: {watch.seen}")  # fmt: skip
 
 
@@ -237,12 +256,12 @@ def freed_stream() -> None:
     comm = one_rank(3.0)
     x = cupy_from_host(np.ones(1 << 10, np.float32))
     stream = cupy.cuda.Stream(non_blocking=True)
-    comm.allreduce(x, stream=stream)  # warm-up
+    comm.allreduce(x, IN_FLIGHT, stream=stream)  # warm-up: a kernel, as is the captured call
     stream.synchronize()
     comm.transport.wait_idle(5)
     with stream:
         stream.begin_capture()
-        comm.allreduce(x)  # captured: the device's capture gate knows this stream
+        comm.allreduce(x, IN_FLIGHT)  # captured (a kernel node): the device's capture gate knows this stream
         graph = stream.end_capture()
     pointer = stream.ptr
     del stream, graph
@@ -252,7 +271,7 @@ def freed_stream() -> None:
     except Exception as error:  # noqa: BLE001
         asked = f"raises {type(error).__name__} (status {getattr(error, 'status', None)}): {error}"
     running = comm.transport.events.capture_in_progress()
-    comm.allreduce(x)  # eager: the watchdog must retire it
+    comm.allreduce(x, IN_FLIGHT)  # eager, a kernel: the watchdog must retire it
     idle = comm.transport.wait_idle(5)
     report("PASS" if not running and idle else "FAIL", "freed_stream",
            f"cudaStreamIsCapturing on the destroyed stream {asked}; capture_in_progress {running}; "

@@ -17,6 +17,8 @@
 #    measured, PASS/FAIL lines count like tests;
 # 3. two ranks on one GPU: plainly (denseccl must refuse on both ranks before NCCL) and with a
 #    separate NCCL_HOSTID per rank over sockets on lo: two-ranks.json;
+# 3b. a DDP step of a channels-last ResNet-18, torch's NCCL backend against denseccl's, with the
+#    host's time in backward() (tests/gpu/ddp_step.py, two ranks where they run, else one);
 # 4. the two-rank GPU tests (tests/gpu/test_gpu_ranks.py) in the mode that worked;
 # 5. the GPU benchmark (needs mpi4py with an MPI library: skipped, not failed, without one), one
 #    rank to 256 MiB, then two ranks to 16 MiB where two ranks run, and the DDP step time.
@@ -208,6 +210,21 @@ else
   record "SKIP two-rank probe: not enough of the budget left"
 fi
 export DENSECCL_GPU_TWO_RANKS="$mode"
+
+# -- 3b. DDP step time: torch's NCCL backend against denseccl's -------------------------------------
+step "DDP step of a channels-last ResNet-18: torch's NCCL backend, then denseccl"
+if ! has torch_cuda; then
+  record "SKIP ddp step: torch has no CUDA here"
+elif [ "$(cap 100)" -lt 40 ]; then
+  record "SKIP ddp step: not enough of the budget left"
+else
+  timeout -k 10 "$(cap 100)" "$PY" tests/gpu/ddp_step.py "$mode" >"$work/ddp.txt" 2>&1
+  status=$?
+  cat "$work/ddp.txt"
+  grep -E '^(INFO|SKIP) ddp' "$work/ddp.txt" | while read -r line; do note "$line"; done
+  grep -E '^FAIL ddp' "$work/ddp.txt" | while read -r line; do record "$line"; done
+  grep -qE '^(INFO|FAIL|SKIP) ddp' "$work/ddp.txt" || record "FAIL ddp step: no line (exit $status)"
+fi
 
 # -- 4. two ranks ---------------------------------------------------------------------------------
 step "two-rank GPU tests"

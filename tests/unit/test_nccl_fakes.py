@@ -26,9 +26,12 @@ cupy_backends/cuda/libs/nccl.pyx):
   ``FakeCuda.alive`` are those that exist);
 - ``NcclError(status)`` names the status from CuPy's table of ncclResult_t 0-6: for any other
   (ncclInProgress, 7) building it raises ``KeyError(status)``, which is what CuPy then raises;
-- ``destroy()`` (ncclCommDestroy) waits for the kernels enqueued on the communicator
-  (``commDestroySync`` synchronizes NCCL's stream, which waits for them): here for the host
-  functions that block a stream it was given (``FakeCuda.block``);
+- ``destroy()`` (ncclCommDestroy) waits for the kernels of multi-rank calls
+  (``commDestroySync`` synchronizes NCCL's device stream, which a launch joins to the caller's
+  stream): here for the host functions that block a stream it was given (``FakeCuda.block``).
+  With one rank NCCL plans nothing (enqueue.cc's ``taskAppend`` hands the call to onerank.cu's
+  ``ncclLaunchOneRank``: nothing in place, a copy out of place, a kernel for PreMulSum, all on
+  the caller's stream), so destroy waits for none of it; freeing memory (abort) still waits;
 - a multi-rank call on a capturing stream leaves a persistent plan (``persistent_refs``,
   NCCL's ``localPersistentRefs``) that only the graph's destruction drops; ``destroy()`` and
   ``abort()`` then wait for it forever in NCCL (``commDestroySync``): the fake raises instead.
@@ -207,7 +210,8 @@ class FakeComm:
                 error, self.fail_next = self.fail_next, None
                 raise error
             self.calls.append((name, *args))
-            self.used_streams.add(args[-1])
+            if self._size > 1:  # one rank: ncclLaunchOneRank enqueues on the caller's stream, never NCCL's
+                self.used_streams.add(args[-1])
             if self._size > 1 and self.device is not None and args[-1] in self.device.capturing:
                 self.persistent_refs += 1  # a persistent plan: held by the graph until it is destroyed
         finally:
@@ -736,3 +740,18 @@ def test_a_collected_communicator_is_destroyed():
     del kept
     gc.collect()
     assert "destroyed first" not in COLLECTED[before:]  # destroyed once, by whoever came first
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_destroy_waits_only_for_the_kernels_of_multi_rank_calls(size):
+    """ncclCommDestroy synchronizes NCCL's own streams: a two-rank call's kernel is behind them,
+    a one-rank call (in place, out of place or PreMulSum) never is (onerank.cu)."""
+    comm, cuda = FakeComm(0, size), FakeCuda()
+    comm.device = cuda
+    cuda.block(S.pointer, 1.0)  # the stream's work waits 1 s behind a host function
+    comm.allReduce(100, 200, 8, 7, 0, S.pointer)  # out of place: a copy with one rank
+    started = time.monotonic()
+    comm.destroy()
+    took = time.monotonic() - started
+    assert comm.destroyed
+    assert took < 0.5 if size == 1 else took >= 0.9, took

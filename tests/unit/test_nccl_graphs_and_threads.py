@@ -427,8 +427,11 @@ def test_the_gpu_hang1_scenario_on_the_fakes(order, monkeypatch):
     monkeypatch.setattr(rank, "FAILURES", [])
     cuda = FakeCuda(55)
 
+    fakes = []
+
     def communicator(timeout):
         comm = FakeComm(0, 1)
+        fakes.append(comm)
         comm.abort_waits = cuda.wait_device
         transport = nccl.NCCLTransport(
             comm, 0, timeout=timeout, version=FP8_VERSION, events=cuda.streams(), library=FakeLibrary(),
@@ -443,6 +446,8 @@ def test_the_gpu_hang1_scenario_on_the_fakes(order, monkeypatch):
         first, second, xs, blocks, lambda index, seconds: cuda.block(blocks[index].ptr, seconds), gate=1.5,
         order=order, verdict_within=10, host_bound=5,
     )
+    # PreMulSums, for which NCCL launches a kernel even with one rank (an in-place sum: nothing)
+    assert [call[5] >= 5 for fake in fakes for call in fake.calls] == [True, True]
     if order == "after_abort":
         assert rank.FAILURES == [] and "did not complete within 1.5 s" in second.broken
     else:

@@ -57,6 +57,11 @@ class NCCLPending(Pending):
         self._host = host  # barrier: wait() blocks the host
         self.captured = captured
 
+    @property
+    def stream_ordered(self) -> bool:
+        """Whether :meth:`wait` only orders the current stream (every call but a barrier's)."""
+        return not self._host or self.captured
+
     def test(self) -> bool:
         return self.captured or self._finished()
 
