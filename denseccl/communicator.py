@@ -17,7 +17,7 @@ from .dtypes import DTYPES
 from .errors import ArgumentError, DenseCCLError, LayoutError
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
-from .backends.base import Transport
+from .transport import Transport
 from .channel.base import ControlChannel
 from .flow import Flow, Work, general
 

@@ -27,7 +27,7 @@ from .agreement import Descriptor, agree, digest
 from .arrays import Buffer, data_pointer
 from .dtypes import DTYPES
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .backends.base import DONE, Pending, Step, Transport, abandon
+from .transport import DONE, Pending, Step, Transport, abandon
 from .channel.base import ControlChannel
 from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until

@@ -26,7 +26,7 @@ from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
-from ..backends.base import abandon
+from ..transport import abandon
 from ..backends.nccl.advice import install_hint
 from ..wait import deadline_after
 from . import all_to_all_p2p, buckets, dispatcher, p2p, profiling

@@ -30,7 +30,7 @@ from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, peer_gave_up_error, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ...channel.base import ControlChannel, StoreNews
-from ..base import Pending, Start, Transport, is_timeout, split_members
+from ...transport import Pending, Start, Transport, is_timeout, split_members
 from .held import Held
 from .host import HostPath, area_bytes, average
 

@@ -25,7 +25,7 @@ from ...errors import CommunicatorBrokenError, peer_gave_up_error
 from ...channel.base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, ControlChannel
 from ...channel.shared import open_shared
 from ...wait import wait_until
-from ..base import abandon
+from ...transport import abandon
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)

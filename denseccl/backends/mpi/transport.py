@@ -27,7 +27,7 @@ from ... import config
 from ...dtypes import DType
 from ...ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
-from ..base import Pending, Start, Transport
+from ...transport import Pending, Start, Transport
 from .calls import Requests, in_place
 from .control import MPIControl, free_comm, open_control, retire_comm, split_comm
 
