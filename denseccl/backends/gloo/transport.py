@@ -221,6 +221,12 @@ class GlooTransport(_GlooGroup, Transport):
         #: raises once a peer gave up (:meth:`hear`)
         self.watch: Optional[Callable[[], None]] = None
 
+    def group_and_held(self) -> Tuple[Any, Held]:
+        """The gloo group this transport calls and the :class:`Held` its calls' tensors wait in,
+        for gloo calls made beside its collectives on the same group (the torch adapter's
+        all-to-all and point-to-point), whose tensors gloo's threads must let go of alike."""
+        return self.group, self.held
+
     def hear(self, control: ControlChannel) -> None:
         flag = control.gave_up_flag()
 
