@@ -44,7 +44,7 @@ class MPIControl(ControlChannel):
         self._sequence = 0
         # The agreement's [digest, -digest, invalid, sequence, -sequence, tag, -tag] (negations:
         # one MAX gives both extremes; the sequence catches a rank that skipped or abandoned a
-        # call, the tag pairs persistent requests, calls.py) travels in one prebuilt message.
+        # call, the tag pairs persistent requests, persistent.py) travels in one prebuilt message.
         self._seven = bytearray(_SEVEN.size)
         self._seven_message = [self._seven, 7, MPI.INT64_T]
         self._iallreduce = comm.Iallreduce

@@ -1,4 +1,4 @@
-"""The NCCL backend's init: who this rank is, and what NCCL here can do, before any device work.
+"""The NCCL backend's set-up: who this rank is, and what NCCL here can do, before any device work.
 
 Why it exists: everything the NCCL path knows before a communicator runs is answered here, by
 functions and data that the CPU tests check without a GPU, so that the transport
