@@ -236,8 +236,8 @@ def init_nccl(
     device: Optional[int] = None,
     prefix: str = "denseccl",
 ) -> Tuple[Transport, ControlChannel]:
-    """A transport and a control channel over NCCL (launches and devices: docs/nccl.md); the store's unique id
-    exchange and the first barrier are bounded by ``deadline``."""
+    """A transport and a control channel over NCCL (launches and devices: docs/nccl.md); the
+    store's unique id exchange and the first barrier are bounded by ``deadline``."""
     cupy, nccl = _require_nccl()
     from ..store import SoloControl, open_store_control, wait_for_keys  # noqa: PLC0415
     from .transport import NCCLTransport  # noqa: PLC0415
