@@ -1,4 +1,4 @@
-"""The compiled parts, all optional: denseccl._half_kernels, float16/bfloat16 loops for the MPI
+"""The compiled parts, all optional: denseccl.backends.mpi._half_kernels, float16/bfloat16 loops for the MPI
 transport; denseccl._fence, the memory fence of the shared-memory agreement board; and
 denseccl._ring, the flight recorder's record folded into the clock read every call makes.
 
@@ -20,8 +20,8 @@ flags = ["-O3", "-std=c99", "-fno-trapping-math", "-g0"] if posix else []
 link = ["-s"] if posix and sys.platform != "darwin" else []
 fence_flags = ["-O2", "-std=c11", "-g0"] if posix else []
 setup(ext_modules=[
-    Extension("denseccl._half_kernels", ["denseccl/_half_kernels.c"], extra_compile_args=flags,
-              extra_link_args=link, optional=True),
+    Extension("denseccl.backends.mpi._half_kernels", ["denseccl/backends/mpi/_half_kernels.c"],
+              extra_compile_args=flags, extra_link_args=link, optional=True),
     Extension("denseccl._fence", ["denseccl/_fence.c"], extra_compile_args=fence_flags, extra_link_args=link,
               optional=True),
     Extension("denseccl._ring", ["denseccl/_ring.c"], extra_compile_args=fence_flags, extra_link_args=link,

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, NoReturn, Opt
 
 from .errors import MismatchError
 from .layout import LayoutKey
-from .backends.base import Step
+from .transport import Step
 from .channel.base import ControlChannel
 
 #: the fields of a descriptor, as reports name them

@@ -1,4 +1,5 @@
-"""The Communicator: validate locally into a :class:`~denseccl.flow.Call`, then run the engine.
+"""The Communicator: validate a call locally in one pass, then hand it to the engine whole
+(:meth:`Flow.submit`), which chooses the transport's call and runs it.
 
 A repeated synchronous in-place call on a host array runs the call prepared for its geometry
 (:meth:`Flow.replay`); any other call is validated here. A rank whose input fails validation
@@ -17,9 +18,9 @@ from .dtypes import DTYPES
 from .errors import ArgumentError, DenseCCLError, LayoutError
 from .layout import Layout, block_of, overlap, stacked, stacked_problem
 from .ops import Op, OpLike, ReduceOp, as_op, check_op_for_dtype
-from .backends.base import Transport
+from .transport import Transport
 from .channel.base import ControlChannel
-from .flow import Flow, Work, general
+from .flow import Flow, Work
 
 
 def _spans(buffer: Buffer) -> Tuple[int, int]:
@@ -97,13 +98,7 @@ class Communicator:
             descriptor = Descriptor("allreduce", None, str(reduce_op), source.layout.key)
         except Exception as error:  # noqa: BLE001 - every local failure must reach the peers
             flow.fail("allreduce", error)
-        count, dtype, transport = source.layout.numel, DTYPES[source.layout.dtype], self.transport
-        # waited for at once: the transport may split it into calls issued one after the other
-        start = None if not count else transport.allreduce if async_op else transport.allreduce_now
-        call = flow.prepare(key, descriptor, source, reduce_op) or general(
-            descriptor, start, source.span_pointer, target.span_pointer, count, dtype, reduce_op, stream
-        )
-        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
+        return flow.submit(key, descriptor, source, target, reduce_op, async_op, stream)
 
     def reduce(
         self, x: Any, root: int = 0, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
@@ -127,12 +122,7 @@ class Communicator:
             descriptor = Descriptor("reduce", root, str(reduce_op), source.layout.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("reduce", error)
-        count, dtype = source.layout.numel, DTYPES[source.layout.dtype]
-        call = flow.prepare(key, descriptor, source, reduce_op) or general(
-            descriptor, self.transport.reduce if count else None, source.span_pointer, target.span_pointer, count,
-            dtype, reduce_op, root, stream,
-        )
-        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
+        return flow.submit(key, descriptor, source, target, reduce_op, async_op, stream)
 
     def broadcast(self, x: Any, root: int = 0, *, async_op: bool = False, stream: Any = None) -> Any:
         """Copy ``root``'s ``x`` into every rank's ``x`` (in place)."""
@@ -148,11 +138,7 @@ class Communicator:
             descriptor = Descriptor("broadcast", root, None, buffer.layout.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("broadcast", error)
-        count, dtype = buffer.layout.numel, DTYPES[buffer.layout.dtype]
-        call = flow.prepare(key, descriptor, buffer, None) or general(
-            descriptor, self.transport.broadcast if count else None, buffer.span_pointer, count, dtype, root, stream
-        )
-        return flow.run(call, buffer.span_pointer, buffer.owner, buffer, async_op, stream)
+        return flow.submit(key, descriptor, buffer, buffer, None, async_op, stream)
 
     def allgather(self, x: Any, *, out: Any = None, async_op: bool = False, stream: Any = None) -> Any:
         """Gather every rank's ``x`` into a stacked array of shape ``(size, *x.shape)`` whose
@@ -169,10 +155,7 @@ class Communicator:
             descriptor = Descriptor("allgather", None, None, block.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("allgather", error)
-        count = block.numel
-        start = self.transport.allgather if count else None
-        call = general(descriptor, start, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], stream)
-        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
+        return flow.submit(None, descriptor, source, target, None, async_op, stream)
 
     def reduce_scatter(
         self, x: Any, op: OpLike = "sum", *, out: Any = None, async_op: bool = False, stream: Any = None
@@ -192,16 +175,11 @@ class Communicator:
             descriptor = Descriptor("reduce_scatter", None, str(reduce_op), block.key)
         except Exception as error:  # noqa: BLE001
             flow.fail("reduce_scatter", error)
-        count = block.numel
-        start = self.transport.reduce_scatter if count else None
-        call = general(
-            descriptor, start, source.span_pointer, target.span_pointer, count, DTYPES[block.dtype], reduce_op, stream
-        )
-        return flow.run(call, source.span_pointer, target.owner, (source, target), async_op, stream)
+        return flow.submit(None, descriptor, source, target, reduce_op, async_op, stream)
 
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
-        self.flow.run(general(Descriptor("barrier"), self.transport.barrier), 0, None)
+        self.flow.submit(None, Descriptor("barrier"))
 
     def split(self, color: Optional[int], key: int = 0) -> Optional["Communicator"]:
         """A communicator over the ranks that pass the same ``color`` (a non-negative int),

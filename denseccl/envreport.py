@@ -122,7 +122,7 @@ def half_kernels() -> Tuple[bool, str]:
 
     choice = config.settings().host_kernels
     if host_kernels.native_available():
-        return True, f"built (denseccl._half_kernels); DENSECCL_HOST_KERNELS={choice}"
+        return True, f"built (denseccl.backends.mpi._half_kernels); DENSECCL_HOST_KERNELS={choice}"
     return False, host_kernels.MISSING_NATIVE
 
 

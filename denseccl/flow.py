@@ -2,13 +2,15 @@
 :class:`Call`: broken check -> agreement (agreement.agree, the only entry to it) -> start ->
 the wait (wait.py), or a :class:`Work`, which completes through :meth:`Flow.wait`.
 
-A synchronous in-place call on a NumPy array or a :func:`plain_torch` tensor is validated once
-per geometry into a Call bound to the transport's prepared start (:meth:`Flow.prepare`), which
-repeated calls run (:meth:`Flow.replay`); every other call is validated each time into a
-:func:`general` Call. A started transfer may touch the caller's arrays, the transport's
-temporaries and its communicator until it completes, and MPI cannot cancel it: what the flow
-stops waiting for is abandoned, never freed (docs/design.md, "Keeping memory alive"). The flow
-is also the interface for code built on the core, so that none of it needs private names.
+A call is validated in one pass (communicator.py) and handed over in one piece
+(:meth:`Flow.submit`); the engine chooses the transport's call for it. A synchronous in-place
+call on a NumPy array or a :func:`plain_torch` tensor becomes, once per geometry, a Call bound
+to the transport's prepared start (:meth:`Flow.prepare`), which repeated calls run
+(:meth:`Flow.replay`); every other call gets the transport's call for this time only. A
+started transfer may touch the caller's arrays, the transport's temporaries and its
+communicator until it completes, and MPI cannot cancel it: what the flow stops waiting for is
+abandoned, never freed (docs/design.md, "Keeping memory alive"). The flow is also the
+interface for code built on the core, so that none of it needs private names.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .agreement import Descriptor, agree, digest
 from .arrays import Buffer, data_pointer
 from .dtypes import DTYPES
 from .errors import CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, peer_gave_up_error
-from .backends.base import DONE, Pending, Step, Transport, abandon
+from .transport import DONE, Pending, Step, Transport, abandon
 from .channel.base import ControlChannel
 from .ops import Op
 from .wait import Test, deadline_after, soon, wait_until
@@ -106,13 +108,6 @@ class Call:
         self.repeated = False
 
 
-def general(descriptor: Descriptor, start: Optional[Callable[..., Pending]], *args: Any) -> Call:
-    """A call validated for this time only: ``start(*args)`` (None: nothing to move)."""
-    if start is None:
-        return Call(descriptor, _done)
-    return Call(descriptor, lambda _address: start(*args))
-
-
 def _done(_address: int) -> Pending:
     return DONE
 
@@ -162,6 +157,43 @@ class Flow:
         weakref.finalize(self, _release_at_end, self.orphans, self.unfinished)
 
     # -- the flow ----------------------------------------------------------------------------
+
+    def submit(
+        self, key: Any, descriptor: Descriptor, source: Optional[Buffer] = None, target: Optional[Buffer] = None,
+        op: Optional[Op] = None, async_op: bool = False, stream: Any = None,
+    ) -> Any:
+        """Run a call validated in one pass (its ``descriptor``, input ``source``, output
+        ``target``, ``op``): the call prepared for ``key`` where the transport prepares one (the
+        input is the output), else the transport's call made for this time only. Returns
+        ``target``'s array (or its Work with ``async_op``)."""
+        if source is None or target is None:  # a barrier
+            return self.run(Call(descriptor, lambda _address: self.transport.barrier()), 0, None)
+        call = self.prepare(key, descriptor, source, op) or self._once(descriptor, source, target, op, async_op, stream)
+        keep = source if target is source else (source, target)
+        return self.run(call, source.span_pointer, target.owner, keep, async_op, stream)
+
+    def _once(
+        self, descriptor: Descriptor, source: Buffer, target: Buffer, op: Any, async_op: bool, stream: Any
+    ) -> Call:
+        """The transport's call of ``descriptor.collective`` on the spans, for this time only.
+        ``count`` is per rank: the stacked buffer of an allgather or a reduce-scatter holds
+        ``size`` blocks of the other's layout."""
+        collective, root, transport = descriptor.collective, descriptor.root or 0, self.transport
+        count = (target if collective == "reduce_scatter" else source).layout.numel
+        if not count:
+            return Call(descriptor, _done)
+        send, recv, dtype = source.span_pointer, target.span_pointer, DTYPES[source.layout.dtype]
+        if collective == "allreduce":
+            # waited for at once: the transport may split it into calls issued one after the other
+            start = transport.allreduce if async_op else transport.allreduce_now
+            return Call(descriptor, lambda _address: start(send, recv, count, dtype, op, stream))
+        if collective == "reduce":
+            return Call(descriptor, lambda _address: transport.reduce(send, recv, count, dtype, op, root, stream))
+        if collective == "broadcast":
+            return Call(descriptor, lambda _address: transport.broadcast(send, count, dtype, root, stream))
+        if collective == "allgather":
+            return Call(descriptor, lambda _address: transport.allgather(send, recv, count, dtype, stream))
+        return Call(descriptor, lambda _address: transport.reduce_scatter(send, recv, count, dtype, op, stream))
 
     def run(
         self, call: Call, address: int, result: Any, keep: Any = None, async_op: bool = False, stream: Any = None
@@ -564,4 +596,4 @@ def _release_at_end(orphans: List[Tuple[Pending, Any]], unfinished: List[bool]) 
         abandon(orphans)
 
 
-__all__ = ["Call", "Flow", "Test", "Work", "general", "plain_torch", "trace_agreement"]
+__all__ = ["Call", "Flow", "Test", "Work", "plain_torch", "trace_agreement"]

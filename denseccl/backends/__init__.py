@@ -2,10 +2,11 @@
 
 The core (communicator.py, flow.py, agreement.py, wait.py) knows layouts and the order of a
 call's steps but no library; a backend knows one library and no layouts, behind the interface
-of :mod:`.base`. Each backend is a package holding its init (how the ranks of a launch meet),
-its transport and its control channel: :mod:`.mpi` (mpi4py on host memory, the default under
+of denseccl/transport.py. Each backend is a package holding its set-up (how the ranks of a launch
+meet, returning the transport and the control channel the core builds its Communicator on), its
+transport and its control channel: :mod:`.mpi` (mpi4py on host memory, the default under
 an MPI launcher), :mod:`.gloo` (torch's gloo on host memory, for launches without MPI) and
 :mod:`.nccl` (NCCL through CuPy on device memory). Shared by several: :mod:`.store` (a control
 channel over a key-value store) and :mod:`.rendezvous` (meeting on a store without MPI);
-denseccl/bootstrap only chooses.
+denseccl/bootstrap chooses one and builds the Communicator.
 """

@@ -17,7 +17,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import config
 from ..errors import CollectiveTimeoutError, DenseCCLError
-from .base import is_timeout
+from ..transport import is_timeout
 from .slurm import master_value
 
 #: the variables of a torchrun-style launch (env://)

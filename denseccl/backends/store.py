@@ -22,7 +22,7 @@ from .. import config, log
 from ..channel.shared import open_shared
 from ..errors import DenseCCLError, peer_gave_up_error, timeout_error
 from ..channel.base import ControlChannel, StoreNews
-from .base import is_timeout, split_members
+from ..transport import is_timeout, split_members
 
 _MARK = b"\x01"  # stores may treat an empty value oddly; every value carries one leading byte
 

@@ -75,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _run(args: Any, plan: options.Plan, pin_problem: Optional[str]) -> int:
     from .job import Job  # noqa: PLC0415 - imports mpi4py
     from .plot import problem as plot_problem  # noqa: PLC0415
-    from .progress import Progress  # noqa: PLC0415
+    from .heartbeat import Progress  # noqa: PLC0415
     from .runner import run_all  # noqa: PLC0415
     from .table import collective_title, footer, format_row, header  # noqa: PLC0415
 

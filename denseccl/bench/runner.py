@@ -15,7 +15,7 @@ from .conventions import ITEMSIZES, NCCL_TESTS_NAMES, REDUCING, ROOTED, bandwidt
 from .job import Job
 from .libs import Unsupported
 from .options import Plan
-from .progress import Progress
+from .heartbeat import Progress
 from .timing import rounds
 
 Row = Dict[str, Any]

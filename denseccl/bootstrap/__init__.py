@@ -1,6 +1,7 @@
 """Who am I: :func:`init` chooses a backend (an argument, ``DENSECCL_BACKEND``, or the launch:
 mpiexec gives MPI, a torchrun-style environment or a ``store`` gives gloo, a GPU with NCCL gives
-NCCL) and hands the rest to that backend's init (backends/mpi, backends/gloo, backends/nccl).
+NCCL), has that backend's set-up (backends/mpi, backends/gloo, backends/nccl) return its
+transport and control channel, and builds the Communicator on them, here only.
 Every step of the bootstrap honours ``timeout``: a peer that never calls ``init`` makes it raise
 :class:`CollectiveTimeoutError` on the others.
 """
@@ -70,13 +71,12 @@ def init(
             f"(known: {', '.join(OPTIONS[backend]) or 'none'})"
         )
     if backend == "mpi":
-        return init_mpi(comm, checking, seconds, deadline, policy)
-    if backend == "gloo":
-        communicator = init_gloo(checking, seconds, deadline, **options)
+        transport, control = init_mpi(comm, deadline)
+    elif backend == "gloo":
+        transport, control = init_gloo(seconds, deadline, **options)
     else:
-        communicator = nccl.init_nccl(comm, checking, seconds, deadline, **options)
-    communicator.flow.on_timeout = policy
-    return communicator
+        transport, control = nccl.init_nccl(comm, seconds, deadline, **options)
+    return Communicator(transport, control, check=checking, timeout=seconds, on_timeout=policy)
 
 
 def _default_backend(options: Any = None) -> str:

@@ -21,7 +21,7 @@ from ..errors import DenseCCLError
 
 #: answers of the agreement step (``all_equal`` with a tag): falsy only when the
 #: ranks disagree; MIXED_TAGS when they agree on the call but hold different persistent
-#: requests for it (calls.py)
+#: requests for it (backends/mpi/persistent.py)
 DIFFERENT, SAME, MIXED_TAGS = 0, 1, 2
 #: the tag of a call that holds no persistent request and may not set one up (the general path)
 UNPLANNED = -1

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
-from ..backends.base import abandon
+from ..transport import abandon
 from ..backends.mpi.init import import_mpi
 from ..backends.rendezvous import SRUN_VARIABLES
 from ..backends.slurm import srun_address

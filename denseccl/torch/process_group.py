@@ -26,7 +26,7 @@ from ..agreement import Descriptor
 from ..communicator import Communicator
 from ..errors import ArgumentError, DenseCCLError, LayoutError
 from ..ops import as_op
-from ..backends.base import abandon
+from ..transport import abandon
 from ..backends.nccl.advice import install_hint
 from ..wait import deadline_after
 from . import all_to_all_p2p, buckets, dispatcher, p2p, profiling
@@ -82,7 +82,11 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                 size=self._group_size,
                 timeout=self._seconds or 0,
             )
-            self._aux = all_to_all_p2p.GlooEngine(self._host.transport.group, self._host.transport.held)  # type: ignore[attr-defined]
+            from ..backends.gloo.transport import GlooTransport  # noqa: PLC0415 - torch may have no gloo
+
+            transport = self._host.transport
+            assert isinstance(transport, GlooTransport)  # backend="gloo" gives the gloo engine's
+            self._aux = all_to_all_p2p.GlooEngine(*transport.group_and_held())
             self._aux.check = self._host.flow.check_peers
             return
         if global_ranks:  # MPI_Comm_create_group blocks until every member calls it

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from .. import config
-from ..backends.base import abandon
+from ..transport import abandon
 
 
 @dataclass(eq=False)

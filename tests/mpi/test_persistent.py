@@ -1,5 +1,5 @@
 """Repeated calls run on persistent MPI requests that the ranks set up together
-(denseccl/backends/mpi/calls.py, Requests): however the ranks' caches differ, every rank gets
+(denseccl/backends/mpi/persistent.py, Requests): however the ranks' caches differ, every rank gets
 NumPy's result, the ranks decide alike, and nothing is left allocated at exit."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 import denseccl
 from denseccl.bench import cases, conventions as cv, options, plot, table
 from denseccl.bench.libs import NumpyLib
-from denseccl.bench.progress import Progress
+from denseccl.bench.heartbeat import Progress
 from denseccl.layout import stacked
 
 

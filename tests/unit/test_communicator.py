@@ -400,7 +400,7 @@ def test_a_failure_seen_by_is_completed_breaks_the_communicator():
     """is_completed() polls like wait(): a transport failure found there (here, in the host step
     that runs once the transfer is done) marks the communicator broken instead of passing silently."""
     from denseccl.communicator import Work
-    from denseccl.backends.base import Pending
+    from denseccl.transport import Pending
 
     class FailsOnPoll(Pending):
         def test(self) -> bool:

@@ -107,7 +107,7 @@ def test_report_without_mpi_torch_or_cupy(tmp_path: Path) -> None:
 
 
 def test_half_fallback_warns_once_and_the_report_says_so() -> None:
-    hide = "import sys; sys.modules['denseccl._half_kernels'] = None; "
+    hide = "import sys; sys.modules['denseccl.backends.mpi._half_kernels'] = None; "
     probe = hide + (
         "import warnings, numpy as np\n"
         "from denseccl.dtypes import DType\n"
@@ -127,4 +127,5 @@ def test_half_fallback_warns_once_and_the_report_says_so() -> None:
     chosen = _run(["-c", probe], env={"DENSECCL_HOST_KERNELS": "numpy"})  # chosen on purpose: no warning
     assert chosen.returncode == 0 and chosen.stdout == "0\n", chosen.stdout + chosen.stderr
     report = _run(["-c", hide + "from denseccl.__main__ import main; main([])"])
-    assert "  NO: the compiled float16/bfloat16 kernels (denseccl._half_kernels) were not built" in report.stdout
+    kernels = "(denseccl.backends.mpi._half_kernels)"
+    assert f"  NO: the compiled float16/bfloat16 kernels {kernels} were not built" in report.stdout

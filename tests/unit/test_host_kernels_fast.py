@@ -109,10 +109,11 @@ def skip_unless_available(kernels: str) -> None:
     if kernels == "native" and not hk.native_available():
         if not c_compiler():
             pytest.skip(
-                "no C compiler here, so denseccl._half_kernels was not built (the NumPy/torch kernels are used)"
+                "no C compiler here, so denseccl.backends.mpi._half_kernels was not built "
+                "(the NumPy/torch kernels are used)"
             )
         pytest.fail(
-            "denseccl._half_kernels was not built although a C compiler is present: "
+            "denseccl.backends.mpi._half_kernels was not built although a C compiler is present: "
             "rerun launch/setup and read .venv/setup.log"
         )
 

@@ -1,6 +1,7 @@
-"""The package's modules import one another without a circle: every ``import`` inside
-denseccl, at module level or inside a function, read from the source (a circle held together
-by a function-level import still ties two modules into one)."""
+"""The package's modules import one another without a circle, and only downward through the
+layers declared once below: every ``import`` inside denseccl, at module level or inside a
+function, read from the source (a circle held together by a function-level import still ties
+two modules into one, and a climb inside a function is a climb all the same)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,44 @@ def _graph() -> Dict[str, Set[str]]:
     return {_module_name(path): _imports(path, modules) - packages for path in paths}
 
 
+#: the layers, lowest first: a module may import its own layer and those below, never above.
+#: Each entry names modules, or packages (every module under them); a module placed nowhere fails.
+LAYERS = [
+    ("the pure core", ["errors", "config", "log", "layout", "dtypes", "ops", "arrays", "streams", "wait"]),
+    ("the agreement and its channel", ["channel", "transport", "agreement"]),
+    ("the engine", ["flow", "recorder", "trace_files"]),
+    ("the communicator", ["communicator"]),
+    ("the engines", ["backends"]),
+    # the one place that knows every backend: it chooses one and builds the Communicator on its parts
+    ("the bootstrap", ["bootstrap"]),
+    ("the adapters", ["torch"]),
+    ("the tools and the public names", ["bench", "envreport", "trace_summary", "__main__", ""]),
+]
+
+
+def _layer(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (the longest entry that holds it)."""
+    name = module[len("denseccl."):] if module.startswith("denseccl.") else ""
+    best = (-1, -1)
+    for index, (_, entries) in enumerate(LAYERS):
+        for entry in entries:
+            if name == entry or (entry and name.startswith(entry + ".")):
+                best = max(best, (len(entry), index))
+    return best[1]
+
+
+def _climbs(graph: Dict[str, Set[str]]) -> List[str]:
+    """Every import that climbs a layer, as "importer (its layer) imports target (its layer)"."""
+    found = []
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            if _layer(target) > _layer(module):
+                found.append(
+                    f"{module} ({LAYERS[_layer(module)][0]}) imports {target} ({LAYERS[_layer(target)][0]})"
+                )
+    return found
+
+
 def _circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
     """Every circle through a module, as the path from it and back to it."""
     circles = []
@@ -76,3 +115,20 @@ def test_the_nccl_backend_has_no_import_circle():
 def test_the_graph_reader_finds_a_circle():
     """The reader itself: a circle through a function-level import is found."""
     assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"], ["b", "a", "b"]]
+
+
+def test_every_module_has_a_layer():
+    assert [module for module in sorted(_graph()) if _layer(module) < 0] == []
+
+
+def test_imports_only_go_down_the_layers():
+    assert _climbs(_graph()) == []
+
+
+def test_the_layer_reader_names_a_climb():
+    """The reader itself: the core importing a backend is named, importer first."""
+    graph = {"denseccl.flow": {"denseccl.backends.mpi.transport", "denseccl.errors"}, "denseccl": {"denseccl.flow"}}
+    assert _climbs(graph) == [
+        "denseccl.flow (the engine) imports denseccl.backends.mpi.transport (the engines)"
+    ]
+    assert _layer("denseccl") == len(LAYERS) - 1 and _layer("denseccl.channel.board") == 1

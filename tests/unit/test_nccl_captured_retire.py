@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from denseccl.backends.base import _ABANDONED
+from denseccl.transport import _ABANDONED
 from denseccl.errors import DenseCCLError
 from denseccl.ops import ReduceOp
 from denseccl.streams import StreamRef

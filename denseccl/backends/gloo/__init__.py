@@ -3,8 +3,10 @@
 Why it exists: torchrun, ``torch.multiprocessing.spawn`` and env:// launches have no MPI, yet
 their ranks hold host arrays of every layout too. gloo is correct on flat contiguous 1-D
 tensors, and a span is exactly that, so the same core (layout rule, agreement, errors) runs on
-gloo with one gloo call per collective. :mod:`.init` meets on a torch key-value store;
-:mod:`.transport` holds the transport and the control channel, each on a gloo group of its own.
-gloo's wait blocks inside the library (its threads move the data), so gloo calls are never
-prepared for the polling fast path. torch is imported only when a communicator is made.
+gloo with one gloo call per collective. :mod:`.init` (the set-up) meets on a torch key-value
+store; :mod:`.transport` holds the transport and the control channel, each on a gloo group of
+its own; :mod:`.held` keeps the tensors gloo was given until its threads let go of them. gloo's
+wait blocks inside the library (its threads move the data), so a repeated call is prepared only
+where the ranks share a host: the host path (:mod:`.host`), through the board's data area.
+torch is imported only when a communicator is made.
 """

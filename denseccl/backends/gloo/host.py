@@ -35,7 +35,7 @@ from ...channel.base import SAME, ControlChannel
 from ...channel.board import Board
 from ...dtypes import DType
 from ...ops import Op, ReduceOp, reduction_kind
-from ..base import Pending, Start
+from ...transport import Pending, Start
 
 #: the tag a call on the host path posts in its agreement step (the general path posts UNPLANNED)
 TAG = 1

@@ -1,4 +1,5 @@
-"""The gloo backend's init: ranks that meet on a torch key-value store become a Communicator.
+"""The gloo backend's set-up: ranks that meet on a torch key-value store get a transport and a
+control channel (the bootstrap builds the Communicator on them).
 
 Why: a launch without MPI (torchrun, ``torch.multiprocessing.spawn``, env://) has no
 communicator to start from, only a store every rank can reach (``store=``, or the env:// store
@@ -12,15 +13,15 @@ says what to install.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
-from ...communicator import Communicator
+from ...channel.base import ControlChannel
 from ...errors import DenseCCLError
+from ...transport import Transport
 from ..rendezvous import env_int, env_launch, env_store, store_namespace
 
 
 def init_gloo(
-    check: bool,
     timeout: Optional[float],
     deadline: Optional[float],
     *,
@@ -28,8 +29,9 @@ def init_gloo(
     rank: Optional[int] = None,
     size: Optional[int] = None,
     prefix: str = "denseccl",
-) -> Communicator:
-    """The gloo engine on ``store`` (default: the env:// store of a torchrun-style launch)."""
+) -> Tuple[Transport, ControlChannel]:
+    """The gloo engine's transport and control channel on ``store`` (default: the env:// store of a
+    torchrun-style launch)."""
     try:
         from .transport import open_gloo  # noqa: PLC0415 - needs torch
     except ImportError as error:
@@ -46,8 +48,7 @@ def init_gloo(
             )
         store = env_store(rank, size, None if deadline is None else max(deadline - time.monotonic(), 0.001))
     namespace = store_namespace(store, prefix, "gloo", rank)
-    transport, control = open_gloo(store, rank, size, timeout, f"{namespace}/", deadline)
-    return Communicator(transport, control, check=check, timeout=timeout)
+    return open_gloo(store, rank, size, timeout, f"{namespace}/", deadline)
 
 
 __all__ = ["init_gloo"]

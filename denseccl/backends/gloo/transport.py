@@ -30,7 +30,7 @@ from ...dtypes import DType
 from ...errors import ArgumentError, DenseCCLError, OpError, peer_gave_up_error, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ...channel.base import ControlChannel, StoreNews
-from ..base import Pending, Start, Transport, is_timeout, split_members
+from ...transport import Pending, Start, Transport, is_timeout, split_members
 from .held import Held
 from .host import HostPath, area_bytes, average
 
@@ -220,6 +220,12 @@ class GlooTransport(_GlooGroup, Transport):
         self.host: Optional[HostPath] = None
         #: raises once a peer gave up (:meth:`hear`)
         self.watch: Optional[Callable[[], None]] = None
+
+    def group_and_held(self) -> Tuple[Any, Held]:
+        """The gloo group this transport calls and the :class:`Held` its calls' tensors wait in,
+        for gloo calls made beside its collectives on the same group (the torch adapter's
+        all-to-all and point-to-point), whose tensors gloo's threads must let go of alike."""
+        return self.group, self.held
 
     def hear(self, control: ControlChannel) -> None:
         flag = control.gave_up_flag()

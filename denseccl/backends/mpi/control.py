@@ -25,7 +25,7 @@ from ...errors import CommunicatorBrokenError, peer_gave_up_error
 from ...channel.base import DIFFERENT, MIXED_TAGS, SAME, UNPLANNED, ControlChannel
 from ...channel.shared import open_shared
 from ...wait import wait_until
-from ..base import abandon
+from ...transport import abandon
 
 _SEVEN = struct.Struct("=7q")
 #: the tag of the "I gave up" message on a control communicator (agreement traffic is collective only)
@@ -44,7 +44,7 @@ class MPIControl(ControlChannel):
         self._sequence = 0
         # The agreement's [digest, -digest, invalid, sequence, -sequence, tag, -tag] (negations:
         # one MAX gives both extremes; the sequence catches a rank that skipped or abandoned a
-        # call, the tag pairs persistent requests, calls.py) travels in one prebuilt message.
+        # call, the tag pairs persistent requests, persistent.py) travels in one prebuilt message.
         self._seven = bytearray(_SEVEN.size)
         self._seven_message = [self._seven, 7, MPI.INT64_T]
         self._iallreduce = comm.Iallreduce

@@ -5,7 +5,7 @@ Half types are reduced as NCCL does on the GPU: each pairwise step is computed i
 rounded to the storage type (round to nearest even). Three implementations compute the same
 bits (a NaN stays a NaN, its payload may differ), chosen by ``DENSECCL_HOST_KERNELS``:
 
-- ``native``: the compiled loops of ``denseccl._half_kernels`` (built at install when a C
+- ``native``: the compiled loops of ``denseccl.backends.mpi._half_kernels`` (built at install when a C
   compiler is present), in place, one vectorised pass, no temporary;
 - ``torch``: torch's vectorised CPU kernels, when the process has already imported torch
   (denseccl never imports it), using torch's intra-op threads;
@@ -37,7 +37,7 @@ KERNELS = config.settings().host_kernels
 
 _native: Any  # the compiled module, or None
 try:
-    from ... import _half_kernels as _native
+    from . import _half_kernels as _native
 except ImportError:  # built without a C compiler
     _native = None
 
@@ -46,7 +46,7 @@ _NATIVE_TYPES = {"float16": 0, "bfloat16": 1}
 
 #: What a user sees when the compiled loops are missing (``python -m denseccl`` and the warning).
 MISSING_NATIVE = (
-    "the compiled float16/bfloat16 kernels (denseccl._half_kernels) were not built, so half-precision "
+    "the compiled float16/bfloat16 kernels (denseccl.backends.mpi._half_kernels) were not built, so half-precision "
     "reductions on MPI run on torch's kernels (when torch is imported) or NumPy's (up to 10x slower). "
     "Reinstall where a C compiler is present: pip install --force-reinstall --no-deps --no-binary denseccl denseccl "
     "(or launch/setup in a checkout); DENSECCL_HOST_KERNELS=torch or numpy chooses a fallback on purpose"

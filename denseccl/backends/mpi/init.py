@@ -1,5 +1,6 @@
-"""The MPI backend's init: the ranks of an MPI launch (mpiexec, mpirun, srun with PMI) or of a
-given mpi4py communicator become a Communicator.
+"""The MPI backend's set-up: the ranks of an MPI launch (mpiexec, mpirun, srun with PMI) or of a
+given mpi4py communicator get a transport and a control channel (the bootstrap builds the
+Communicator on them).
 
 Why apart from the transport: making a communicator is the one step where a rank cannot yet
 know whether its peers are alive, so it is bounded by the timeout like every later call. The
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from ... import config, log
-from ...communicator import Communicator
+from ...channel.base import ControlChannel
 from ...errors import CollectiveTimeoutError, DenseCCLError
+from ...transport import Transport
 from ...wait import wait_until
 from ..rendezvous import SRUN_VARIABLES
 from ..slurm import srun_mpi_option
@@ -45,13 +47,11 @@ def mpi_load_failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {'; '.join(lines) or 'no message'}"
 
 
-def init_mpi(
-    comm: Any, check: bool, timeout: Optional[float], deadline: Optional[float], on_timeout: str
-) -> Communicator:
-    """A Communicator over two duplicates of ``comm`` (default ``COMM_WORLD``): one for the data,
-    one for the agreement step."""
+def init_mpi(comm: Any, deadline: Optional[float]) -> Tuple[Transport, ControlChannel]:
+    """A transport and a control channel over two duplicates of ``comm`` (default ``COMM_WORLD``):
+    one for the data, one for the agreement step."""
     MPI = import_mpi()
-    from ..base import abandon  # noqa: PLC0415
+    from ...transport import abandon  # noqa: PLC0415
     from .transport import MPITransport, open_control  # noqa: PLC0415
 
     base = comm if comm is not None else MPI.COMM_WORLD
@@ -68,8 +68,7 @@ def init_mpi(
             raise
         duplicates.append(duplicate)
     # every rank has arrived: the control channel's own collective setup completes
-    transport = MPITransport(duplicates[0])
-    return Communicator(transport, open_control(duplicates[1]), check=check, timeout=timeout, on_timeout=on_timeout)
+    return MPITransport(duplicates[0]), open_control(duplicates[1])
 
 
 def refuse_singleton(world: int, environ: Optional[Mapping[str, str]] = None, library: str = "") -> None:

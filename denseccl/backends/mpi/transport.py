@@ -27,8 +27,8 @@ from ... import config
 from ...dtypes import DType
 from ...ops import BOOL_OPS, Op, PreMulSum, ReduceOp, op_kind
 from . import host_kernels
-from ..base import Pending, Start, Transport
-from .calls import Requests, in_place
+from ...transport import Pending, Start, Transport
+from .persistent import Requests, in_place
 from .control import MPIControl, free_comm, open_control, retire_comm, split_comm
 
 _MPI_TYPES: Dict[str, Any] = {
@@ -135,7 +135,7 @@ class MPITransport(Transport):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        #: the persistent requests of repeated calls (calls.py)
+        #: the persistent requests of repeated calls (persistent.py)
         self.requests = Requests()
         # freed at exit, before mpi4py finalizes MPI (which reports requests still allocated)
         weakref.finalize(self, self.requests.release, False)
@@ -244,7 +244,7 @@ class MPITransport(Transport):
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Start]:
-        """The in-place ``collective`` of one geometry (calls.py): one library call on a
+        """The in-place ``collective`` of one geometry (persistent.py): one library call on a
         prebuilt message, on a persistent request the ranks pair where MPI has them (MPI 4;
         Open MPI from 5.0). Where host work surrounds the call (avg, PreMulSum) or a large
         half-precision allreduce splits in two, the general method (``Transport.prepare``)."""

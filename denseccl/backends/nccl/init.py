@@ -1,4 +1,4 @@
-"""The NCCL backend's init: who this rank is, and what NCCL here can do, before any device work.
+"""The NCCL backend's set-up: who this rank is, and what NCCL here can do, before any device work.
 
 Why it exists: everything the NCCL path knows before a communicator runs is answered here, by
 functions and data that the CPU tests check without a GPU, so that the transport
@@ -20,8 +20,9 @@ import warnings
 from typing import Any, Optional, Tuple
 
 from ... import config
-from ...communicator import Communicator
+from ...channel.base import ControlChannel
 from ...errors import DenseCCLError
+from ...transport import Transport
 from ..mpi.init import mpi_load_failure, refuse_singleton
 from ..rendezvous import env_int, env_launch, env_store, store_namespace
 from .advice import install_hint, nccl_wheel
@@ -226,7 +227,6 @@ def _mpi_world() -> Any:
 
 def init_nccl(
     comm: Any,
-    check: bool,
     timeout: Optional[float],
     deadline: Optional[float],
     *,
@@ -235,9 +235,9 @@ def init_nccl(
     size: Optional[int] = None,
     device: Optional[int] = None,
     prefix: str = "denseccl",
-) -> Communicator:
-    """A Communicator over NCCL (launches and devices: docs/nccl.md); the store's unique id
-    exchange and the first barrier are bounded by ``deadline``."""
+) -> Tuple[Transport, ControlChannel]:
+    """A transport and a control channel over NCCL (launches and devices: docs/nccl.md); the
+    store's unique id exchange and the first barrier are bounded by ``deadline``."""
     cupy, nccl = _require_nccl()
     from ..store import SoloControl, open_store_control, wait_for_keys  # noqa: PLC0415
     from .transport import NCCLTransport  # noqa: PLC0415
@@ -295,7 +295,7 @@ def init_nccl(
         transport.close()
         control.close()
         raise
-    return Communicator(transport, control, check=check, timeout=timeout)
+    return transport, control
 
 
 __all__ = [

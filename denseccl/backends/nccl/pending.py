@@ -17,7 +17,7 @@ from typing import Any, Optional, Protocol
 from ...errors import CollectiveTimeoutError
 from ...streams import StreamRef
 from ...wait import wait_until
-from ..base import Pending
+from ...transport import Pending
 from .cuda import CudaStreams
 
 

@@ -40,7 +40,7 @@ from ...dtypes import DType
 from ...errors import ArgumentError, CollectiveTimeoutError, CommunicatorBrokenError, DenseCCLError, OpError
 from ...ops import Op, PreMulSum, ReduceOp, op_kind
 from ...streams import StreamRef, stream_pointer
-from ..base import Pending, Transport, abandon
+from ...transport import Pending, Transport, abandon
 from .cuda import CudaStreams
 from .library import NCCLLibrary
 from .pending import NCCLPending

@@ -1,7 +1,7 @@
 """Rank program: ``python -m denseccl.bench`` with the arguments given (for tests/mpi/test_bench_cli.py).
 
 ``BENCH_HIDE=module,...`` makes those modules unimportable first, as if they were not installed
-(``matplotlib``; ``denseccl._half_kernels``, as if built without a C compiler).
+(``matplotlib``; ``denseccl.backends.mpi._half_kernels``, as if built without a C compiler).
 """
 
 import os

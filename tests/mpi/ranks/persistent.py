@@ -1,4 +1,4 @@
-"""Rank program: repeated calls run on persistent MPI requests (backends/mpi/calls.py, Requests)
+"""Rank program: repeated calls run on persistent MPI requests (backends/mpi/persistent.py, Requests)
 that the ranks set up together, decided in the agreement step. Every way the ranks' caches can
 differ must still give NumPy's result on every rank: arrays reused on some ranks and fresh on
 others, more arrays than the cache holds (evicted in a different order per rank), one rank on the

@@ -1,5 +1,5 @@
-"""What every backend offers the core: a transport and its pending operations (the control
-channel's interface is denseccl/channel/base.py).
+"""The transport interface the core calls and every backend implements: a transport and its
+pending operations (the control channel's interface is denseccl/channel/base.py).
 
 A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
 nothing about layouts: pointers are the starts of storage spans, counts are element counts
@@ -17,11 +17,11 @@ import ctypes
 from abc import ABC, abstractmethod
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from ..channel.base import ControlChannel
-from ..dtypes import DType
-from ..errors import DenseCCLError
-from ..ops import Op
-from ..wait import wait_until
+from .channel.base import ControlChannel
+from .dtypes import DType
+from .errors import DenseCCLError
+from .ops import Op
+from .wait import wait_until
 
 
 class Pending(ABC):

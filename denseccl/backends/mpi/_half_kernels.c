@@ -236,7 +236,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "denseccl._half_kernels",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "denseccl.backends.mpi._half_kernels",
                                     "float16/bfloat16 reduction and scaling loops (see the C source).", -1, methods};
 
 PyMODINIT_FUNC PyInit__half_kernels(void) { return PyModule_Create(&module); }

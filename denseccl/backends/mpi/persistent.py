@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from mpi4py import MPI
 
 from ... import config
-from ..base import Start, abandon
+from ...transport import Start, abandon
 from ...channel.base import MIXED_TAGS, SAME, ControlChannel
 
 #: a request held for one (geometry, address): (tag, request, its Start, its Test)
