@@ -82,19 +82,12 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                 size=self._group_size,
                 timeout=self._seconds or 0,
             )
-            from ..backends.gloo.transport import GlooTransport  # noqa: PLC0415 - torch may have no gloo
-
-            transport = self._host.transport
-            assert isinstance(transport, GlooTransport)  # backend="gloo" gives the gloo engine's
-            self._aux = all_to_all_p2p.GlooEngine(*transport.group_and_held())
-            self._aux.check = self._host.flow.check_peers
-            return
-        if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
-            arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
-        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
-        self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
-        self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
-        self._aux.check = self._host.flow.check_peers
+        else:
+            if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
+                arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
+            self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
+            self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
+        self._aux = all_to_all_p2p.Engine(self._host)
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -361,14 +354,11 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                     comm.close()
         if not finished:  # a request given up on may still use them: kept, never freed
             abandon(self._mpi_group, self._aux)
-        elif self._aux is not None:
-            with contextlib.suppress(Exception):
-                self._aux.free()
-            if self._owns_mpi_group:
-                from ..backends.mpi.control import free_comm  # noqa: PLC0415 - only under an MPI launch
+        elif self._owns_mpi_group:
+            from ..backends.mpi.control import free_comm  # noqa: PLC0415 - only under an MPI launch
 
-                with contextlib.suppress(Exception):
-                    free_comm(self._mpi_group)
+            with contextlib.suppress(Exception):
+                free_comm(self._mpi_group)
         self._host = self._device = self._aux = self._mpi_group = None
 
     def abort(self) -> None:
