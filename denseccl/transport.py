@@ -4,7 +4,7 @@ pending operations (the control channel's interface is denseccl/channel/base.py)
 A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
 nothing about layouts: pointers are the starts of storage spans, counts are element counts
 (per rank for allgather and reduce-scatter). ``send == recv`` means in place. So the core
-(validation, the agreement, the engine, the waits) is written once, and a backend is only its
+(validation, the agreement, the flow, the waits) is written once, and a backend is only its
 library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
 :class:`Start`); a backend whose repeated calls the ranks must decide together (MPI's
 persistent requests) does so in :attr:`Start.step`, the agreement step it is handed.
@@ -198,7 +198,7 @@ class Transport(ABC):
     def hear(self, control: ControlChannel) -> None:
         """Let this transport's own waits (those inside the library, or on a device) learn from
         ``control`` that a peer gave up, and end then instead of at the timeout. By default
-        nothing: the engine's waits hear it themselves."""
+        nothing: the flow's waits hear it themselves."""
 
     def failure(self) -> Optional[str]:
         """Why the transport became unusable on its own (a watchdog saw a timeout or an

@@ -19,7 +19,7 @@ from ..communicator import Communicator
 from ..transport import Pending
 from ..errors import ArgumentError, CommunicatorBrokenError, LayoutError, MismatchError
 from ..wait import deadline_after, wait_until
-from ._issue import Issue
+from .operations import Issue
 from ..layout import physical_order
 from ._tensors import land
 from .p2p import order_of, span_of

@@ -21,7 +21,7 @@ import torch._C._distributed_c10d as _c10d
 from ..communicator import Communicator
 from ..errors import ArgumentError, LayoutError
 from ..ops import OpLike, as_op
-from ._issue import Issue, as_list, chain, one_step, options, raising_everywhere, start_each
+from .operations import Issue, as_list, chain, one_step, options, raising_everywhere, start_each
 from ._tensors import (
     is_dense,
     is_stacked,

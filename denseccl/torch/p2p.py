@@ -27,7 +27,7 @@ import torch
 from .. import config
 from ..errors import ArgumentError, MismatchError
 from ..layout import contiguous_strides, physical_order
-from ._issue import Issue
+from .operations import Issue
 from ._tensors import is_dense, land
 
 #: int64 words of a header: the span's bytes, the number of dims, the shape, the dims' order

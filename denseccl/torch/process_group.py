@@ -30,7 +30,7 @@ from ..transport import abandon
 from ..backends.nccl.advice import install_hint
 from ..wait import deadline_after
 from . import all_to_all_p2p, buckets, dispatcher, p2p, profiling
-from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
+from .operations import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
