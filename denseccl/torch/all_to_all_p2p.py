@@ -4,7 +4,7 @@ engine's), through its public calls (``alltoallv``, ``send``, ``recv``: bytes at
 An all-to-all moves bytes in row-major order (a tensor that is not row-major is staged through
 a contiguous copy, so the layouts of the ranks need not agree) and is checked first
 (:func:`_agreed`). A failure after the transfer began breaks the communicator on every rank
-(:func:`breaks`).
+(:meth:`Engine.breaks`).
 """
 
 from __future__ import annotations
@@ -40,24 +40,6 @@ def hopeless(check: Check, what: str) -> Check:
             raise CommunicatorBrokenError(f"{what}: {error}") from None
 
     return watch
-
-
-def breaks(host: Communicator) -> Callable[[BaseException], None]:
-    """What a failed all-to-all or point-to-point operation does once its transfer began (an
-    error in its wait or its completion, an interrupt): it breaks ``host`` and gives up, so
-    that a peer waiting for its next message raises at once, naming this rank, instead of at
-    the timeout. A local error, which leaves a collective's communicator usable, breaks it too:
-    the peers have moved on with the transfer."""
-
-    def note(error: BaseException) -> None:
-        flow = host.flow
-        flow.note_failure(error)
-        if flow.broken is None:
-            flow.note_failure(CommunicatorBrokenError(
-                f"rank {host.rank} failed after its transfer began: {type(error).__name__}: {error}"
-            ))
-
-    return note
 
 
 class Step:
@@ -101,8 +83,21 @@ class Engine:
     ``check_peers`` is every step's watch."""
 
     def __init__(self, host: Communicator) -> None:
+        self.host = host
         self.transport = host.transport
         self.flow = host.flow
+
+    def breaks(self, error: BaseException) -> None:
+        """What a failed all-to-all or point-to-point operation does once its transfer began (an
+        error in its wait or its completion, an interrupt): it breaks the host communicator and
+        gives up, so that a peer waiting for its next message raises at once, naming this rank,
+        instead of at the timeout. A local error, which leaves a collective's communicator
+        usable, breaks it too: the peers have moved on with the transfer."""
+        self.flow.note_failure(error)
+        if self.flow.broken is None:
+            self.flow.note_failure(CommunicatorBrokenError(
+                f"rank {self.host.rank} failed after its transfer began: {type(error).__name__}: {error}"
+            ))
 
     def _step(self, pending: Pending, what: str, keep: Any, watched: bool = True) -> Step:
         return Step(pending, what, keep, hopeless(self.flow.check_peers, what) if watched else None,
@@ -174,8 +169,10 @@ def _alltoallv(engine: Any, what: str, source: torch.Tensor, target: torch.Tenso
 
 
 def all_to_all_single(
-    host: Communicator, engine: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]
+    engine: Engine, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]
 ) -> Issue:
+    host = engine.host
+
     def plan() -> dict:
         if out.dtype != inp.dtype:
             raise LayoutError(f"output dtype {out.dtype} differs from input dtype {inp.dtype}")
@@ -232,8 +229,8 @@ def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
     return [int(s) for s in splits]
 
 
-def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
-    size = host.size
+def alltoall(engine: Engine, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
+    host, size = engine.host, engine.host.size
 
     def plan() -> dict:
         if len(outputs) != size or len(inputs) != size:
