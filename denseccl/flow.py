@@ -198,9 +198,10 @@ class Flow:
     def run(
         self, call: Call, address: int, result: Any, keep: Any = None, async_op: bool = False, stream: Any = None
     ) -> Any:
-        """The engine: run ``call`` on the span at ``address`` and return ``result`` (or its Work
-        with ``async_op``). ``keep``: the buffers the transfer reads and writes (default
-        ``result``); on a device transport they are recorded on ``stream``, where it runs."""
+        """The one path of every call: run ``call`` on the span at ``address`` and return
+        ``result`` (or its Work with ``async_op``). ``keep``: the buffers the transfer reads and
+        writes (default ``result``); on a device transport they are recorded on ``stream``, where
+        it runs."""
         if self.broken is not None:
             self.usable()
         checked = self.check and self.size > 1
