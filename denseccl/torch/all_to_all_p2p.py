@@ -28,10 +28,8 @@ from .p2p import order_of, span_of
 Check = Optional[Callable[[], None]]
 
 
-def hopeless(check: Check, what: str) -> Check:
-    """A step's watch: ``check``, its error naming the step (``what``), or None without one."""
-    if check is None:
-        return None
+def hopeless(check: Callable[[], None], what: str) -> Callable[[], None]:
+    """A step's watch: ``check``, its error naming the step (``what``)."""
 
     def watch() -> None:
         try:
