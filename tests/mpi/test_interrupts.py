@@ -27,4 +27,4 @@ WAITS = [("agreement", "inplace"), ("agreement", "out"), ("transfer", "out")]
 def test_interrupt_in_a_wait(wait: str, form: str, shared: str, ranks: int, tmp_path: Path) -> None:
     done = run_ranks(ranks, PROGRAM, [wait, form, 512], timeout=100, expect_failure=None,
                      env={"DENSECCL_SHARED_AGREEMENT": shared, "INTERRUPT_DIR": str(tmp_path)})
-    expect_summaries(done.stdout, f"interrupts-{wait}", ranks)
+    expect_summaries(done.stdout, f"interrupts-{wait}", ranks, done.stderr)

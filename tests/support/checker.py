@@ -126,14 +126,16 @@ def summaries(stdout: str, name: str = r"[^\]]+") -> List[Tuple[str, int, int, s
     return [(program, int(rank), int(size), status, int(checks)) for program, rank, size, status, checks in found]
 
 
-def expect_summaries(stdout: str, name: str, nranks: int) -> None:
+def expect_summaries(stdout: str, name: str, nranks: int, stderr: str = "") -> None:
     """Each of ``nranks`` ranks of the program ``name`` printed one summary, and each passed
-    at least one check: a rank that checked nothing fails."""
+    at least one check: a rank that checked nothing fails. ``stderr``: its last lines go into
+    the failure's message (a rank that printed nothing may have said why there)."""
     found = [line for line in summaries(stdout, re.escape(name)) if line[2] == nranks]
+    said = f"\n--- stderr (the end)\n{stderr[-4000:]}" if stderr else ""
     assert sorted(rank for _, rank, _, _, _ in found) == list(range(nranks)), (
-        f"expected one summary [{name}] from each of {nranks} ranks:\n{stdout}"
+        f"expected one summary [{name}] from each of {nranks} ranks:\n{stdout}{said}"
     )
-    assert all(status == "OK" and checks > 0 for _, _, _, status, checks in found), stdout
+    assert all(status == "OK" and checks > 0 for _, _, _, status, checks in found), stdout + said
 
 
 def expect_passed(result: Any, nranks: int) -> None:

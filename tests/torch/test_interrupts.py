@@ -37,4 +37,4 @@ def test_interrupt_in_a_wait(wait: str, form: str, elements: int, shared: str, r
                str(PROGRAM), wait, form, str(elements)]
     done = run(command, timeout=120, expect_failure=None,
                env={"DENSECCL_SHARED_AGREEMENT": shared, "INTERRUPT_DIR": str(tmp_path)})
-    expect_summaries(done.stdout, f"interrupts-{wait}", ranks)
+    expect_summaries(done.stdout, f"interrupts-{wait}", ranks, done.stderr)

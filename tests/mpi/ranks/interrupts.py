@@ -19,6 +19,7 @@ a call or two of the interrupt, and the job ends.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
@@ -37,6 +38,7 @@ HOLD = 0.6
 
 
 def main() -> None:
+    faulthandler.dump_traceback_later(50)  # a rank still here then is stuck: its stacks go to stderr
     wait, form, elements = sys.argv[1], sys.argv[2], int(sys.argv[3])
     comm = denseccl.init(timeout=float(os.environ.get("INTERRUPT_TIMEOUT", "20")))
     rank, size = comm.rank, comm.size
