@@ -15,7 +15,7 @@ their own on the board; the engine's calls fuse their data into the agreement st
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from ...channel.board import Board
 from ...dtypes import DType
@@ -29,6 +29,8 @@ REDUCIBLE = frozenset(
     {"bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}
 )
 _REDUCING = frozenset({"allreduce", "reduce", "reduce_scatter"})
+#: the calls of :meth:`ShmTransport.once` kept (their views made once per geometry and address)
+CALLS = 64
 
 
 class ShmTransport(Transport):
@@ -46,6 +48,7 @@ class ShmTransport(Transport):
         self.fallback = fallback
         self.area = Area(board.data, board.size, limit)
         self.dtypes: Mapping[str, Any] = fallback.dtypes
+        self._calls: Dict[Tuple[Any, ...], Start] = {}
 
     def fits(self, collective: str, count: int, dtype: Optional[DType], op: Optional[Op] = None) -> bool:
         """Whether a call of ``collective`` on ``count`` elements (per rank) of ``dtype`` with
@@ -83,26 +86,42 @@ class ShmTransport(Transport):
         root: int = 0,
     ) -> Optional[Start]:
         """The call of ``collective`` (first.py) with its data moved in its agreement step,
-        where it fits; else None."""
+        where it fits; else None. Kept per geometry and addresses: a loop over the same tensors
+        makes its views once (a view made for an address that a later tensor reuses is that
+        tensor's memory: the flow has checked that it holds ``count`` elements there)."""
         if collective not in first.COLLECTIVES or not self.fits(collective, count, dtype, op):
             return None
+        key = (collective, send, recv, count, dtype, op, root)
+        start = self._calls.get(key)
+        if start is None:
+            if len(self._calls) >= CALLS:
+                self._calls.clear()
+            start = self._calls[key] = self._made(collective, send, recv, count, dtype, op, root)
+        return start
+
+    def _made(
+        self, collective: str, send: int, recv: int, count: int, dtype: Optional[DType], op: Optional[Op], root: int
+    ) -> Start:
         if collective == "barrier":
             return first.once(self.board.parity, first.nothing, first.nothing, self.fallback.barrier)
         assert dtype is not None
         back, kind = self.fallback, None if op is None else reduction_kind(op, dtype)
-        fallbacks: Dict[str, Callable[[], Pending]] = {
-            "allreduce": lambda: back.allreduce(send, recv, count, dtype, op),  # type: ignore[arg-type]
-            "reduce": lambda: back.reduce(send, recv, count, dtype, op, root),  # type: ignore[arg-type]
-            "broadcast": lambda: back.broadcast(send, count, dtype, root),
-            "allgather": lambda: back.allgather(send, recv, count, dtype),
-            "reduce_scatter": lambda: back.reduce_scatter(send, recv, count, dtype, op),  # type: ignore[arg-type]
-        }
+        if collective == "allreduce":
+            fallback: Callable[[], Pending] = lambda: back.allreduce(send, recv, count, dtype, op)  # type: ignore[arg-type]  # noqa: E731
+        elif collective == "reduce":
+            fallback = lambda: back.reduce(send, recv, count, dtype, op, root)  # type: ignore[arg-type]  # noqa: E731
+        elif collective == "broadcast":
+            fallback = lambda: back.broadcast(send, count, dtype, root)  # noqa: E731
+        elif collective == "allgather":
+            fallback = lambda: back.allgather(send, recv, count, dtype)  # noqa: E731
+        else:
+            fallback = lambda: back.reduce_scatter(send, recv, count, dtype, op)  # type: ignore[arg-type]  # noqa: E731
         if collective == "allgather":  # any dtype, as its bytes
             typed, count_here = torch_dtype("uint8"), count * dtype.itemsize
         else:
             typed, count_here = torch_dtype(dtype.name), count
         give, take = first.moves(self.area, self.rank, collective, send, recv, count_here, typed, kind, root)
-        return first.once(self.board.parity, give, take, fallbacks[collective])
+        return first.once(self.board.parity, give, take, fallback)
 
     def _own_step(self, start: Optional[Start], fallback: Callable[[], Pending]) -> Pending:
         """A call of the :class:`Transport` methods: ``start`` with a board step of its own
@@ -151,6 +170,7 @@ class ShmTransport(Transport):
     def close(self) -> None:
         """Forget the area (the board is the control channel's: it closes it)."""
         self.fallback = None  # type: ignore[assignment]
+        self._calls.clear()
 
 
 __all__ = ["REDUCIBLE", "ShmTransport"]
