@@ -1,4 +1,4 @@
-"""The Communicator: validate a call locally in one pass, then hand it to the engine whole
+"""The Communicator: validate a call locally in one pass, then hand it to the flow whole
 (:meth:`Flow.submit`), which chooses the transport's call and runs it.
 
 A repeated synchronous in-place call on a host array runs the call prepared for its geometry

@@ -1,9 +1,9 @@
-"""The engine: every collective, first or repeated, runs :meth:`Flow.run` on a validated
+"""The flow: every collective, first or repeated, runs :meth:`Flow.run` on a validated
 :class:`Call`: broken check -> agreement (agreement.agree, the only entry to it) -> start ->
 the wait (wait.py), or a :class:`Work`, which completes through :meth:`Flow.wait`.
 
 A call is validated in one pass (communicator.py) and handed over in one piece
-(:meth:`Flow.submit`); the engine chooses the transport's call for it. A synchronous in-place
+(:meth:`Flow.submit`); the flow chooses the transport's call for it. A synchronous in-place
 call on a NumPy array or a :func:`plain_torch` tensor becomes, once per geometry, a Call bound
 to the transport's prepared start (:meth:`Flow.prepare`), which repeated calls run
 (:meth:`Flow.replay`); every other call gets the transport's call for this time only. A
@@ -73,7 +73,7 @@ def _nothing_lost(address: int) -> None:
 
 
 class Call:
-    """One validated call for the engine. ``start(address)`` starts the transfer (after the
+    """One validated call for the flow. ``start(address)`` starts the transfer (after the
     agreement) and returns its test where ``tested`` (a host call waited for at once), else a
     :class:`Pending`. ``step``, ``lost``: the transport's (``base.Start``), for prepared
     calls. ``offset`` and ``pointer_of`` find the span of a later array of the same geometry
@@ -102,7 +102,7 @@ class Call:
         self.lost = lost
         self.offset = offset
         self.pointer_of = pointer_of
-        #: DENSECCL_DEBUG=TRACE when the call was prepared: the engine times it
+        #: DENSECCL_DEBUG=TRACE when the call was prepared: the flow times it
         self.tracing = log.tracing()
         #: it has run before (a cache hit): the trace says so
         self.repeated = False
@@ -204,9 +204,10 @@ class Flow:
     def run(
         self, call: Call, address: int, result: Any, keep: Any = None, async_op: bool = False, stream: Any = None
     ) -> Any:
-        """The engine: run ``call`` on the span at ``address`` and return ``result`` (or its Work
-        with ``async_op``). ``keep``: the buffers the transfer reads and writes (default
-        ``result``); on a device transport they are recorded on ``stream``, where it runs."""
+        """The one path of every call: run ``call`` on the span at ``address`` and return
+        ``result`` (or its Work with ``async_op``). ``keep``: the buffers the transfer reads and
+        writes (default ``result``); on a device transport they are recorded on ``stream``, where
+        it runs."""
         if self.broken is not None:
             self.usable()
         checked = self.check and self.size > 1
@@ -324,7 +325,7 @@ class Flow:
         return deadline_after(self.timeout if timeout is None else timeout)
 
     def agree(self, descriptor: Descriptor) -> None:
-        """The agreement step on ``descriptor`` for a step that is not a call of the engine (a
+        """The agreement step on ``descriptor`` for a step that is not a call of the flow (a
         split, the torch adapter's composite calls)."""
         if self.recorder:
             self.recorder.record(descriptor)

@@ -8,7 +8,7 @@ and the time its agreement step began; a failure marks the call it belongs to. A
 call or asked for a dump, an ``async_op`` call once its Work completed.
 
 The cost per call is what makes it fit to stay on: two stores into lists made once (the
-descriptor, by reference, and the time the engine reads anyway for the agreement's deadline)
+descriptor, by reference, and the time the flow reads anyway for the agreement's deadline)
 at an index computed from the count, and the count's increment. Nothing is allocated, copied
 or formatted until a dump. The record and that clock read are one call into the compiled
 ``denseccl._ring`` (setup.py), about as costly as the clock read alone; where it was not built,

@@ -4,7 +4,7 @@ pending operations (the control channel's interface is denseccl/channel/base.py)
 A transport maps ``(pointer, count, dtype, op, root, stream)`` to one library call and knows
 nothing about layouts: pointers are the starts of storage spans, counts are element counts
 (per rank for allgather and reduce-scatter). ``send == recv`` means in place. So the core
-(validation, the agreement, the engine, the waits) is written once, and a backend is only its
+(validation, the agreement, the flow, the waits) is written once, and a backend is only its
 library's calls. :meth:`Transport.prepare` binds a repeated in-place call once (a
 :class:`Start`); a backend whose repeated calls the ranks must decide together (MPI's
 persistent requests) does so in :attr:`Start.step`, the agreement step it is handed.
@@ -37,6 +37,9 @@ class Pending(ABC):
     #: device streams instead of timing out, which is refused while a CUDA graph capture runs
     watched = False
 
+    #: what a wait's errors call the operation
+    what = "the collective"
+
     @abstractmethod
     def test(self) -> bool:
         """True once the operation has completed (never blocks)."""
@@ -44,12 +47,16 @@ class Pending(ABC):
     def wait(self, deadline: Optional[float]) -> None:
         """Block until completion (by default: poll :meth:`test`); :class:`CollectiveTimeoutError`
         past ``deadline``, a ``time.monotonic()`` value (None: never)."""
-        wait_until(self.test, deadline, "the collective")
+        wait_until(self.test, deadline, self.what)
 
     def synchronize(self, deadline: Optional[float]) -> None:
         """Block the host until the operation has completed: :meth:`wait`, except on device
         transports, whose ``wait`` only orders the caller's current stream after it."""
         self.wait(deadline)
+
+    def source(self) -> int:
+        """A receive's (:meth:`Transport.recv`) sender, once it completed."""
+        raise NotImplementedError("only a receive has a source")
 
 
 class Done(Pending):
@@ -150,6 +157,21 @@ class Transport(ABC):
     @abstractmethod
     def barrier(self) -> Pending: ...
 
+    # -- bytes between ranks (the torch adapter's all-to-all, send and recv; host transports) --
+
+    def alltoallv(self, send: int, recv: int, sends: Sequence[int], receives: Sequence[int]) -> Pending:
+        """``sends[r]`` bytes go to rank ``r`` and ``receives[r]`` bytes come from it, each
+        rank's run after the one before it, at ``send`` and at ``recv``."""
+        raise DenseCCLError(f"the {self.name} transport has no all-to-all")
+
+    def send(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        """``nbytes`` at ``pointer`` to rank ``peer``; messages of one sender and tag arrive in order."""
+        raise DenseCCLError(f"the {self.name} transport has no point-to-point")
+
+    def recv(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        """At most ``nbytes`` from rank ``peer`` (< 0: any rank; :meth:`Pending.source` says which)."""
+        raise DenseCCLError(f"the {self.name} transport has no point-to-point")
+
     def allreduce_now(self, send: int, recv: int, count: int, dtype: DType, op: Op, stream: Any = None) -> Pending:
         """``allreduce`` for a caller that waits for it at once, before any other call on this
         transport: it may run as several library calls, each issued inside that wait."""
@@ -188,7 +210,7 @@ class Transport(ABC):
     def hear(self, control: ControlChannel) -> None:
         """Let this transport's own waits (those inside the library, or on a device) learn from
         ``control`` that a peer gave up, and end then instead of at the timeout. By default
-        nothing: the engine's waits hear it themselves."""
+        nothing: the flow's waits hear it themselves."""
 
     def failure(self) -> Optional[str]:
         """Why the transport became unusable on its own (a watchdog saw a timeout or an

@@ -208,7 +208,7 @@ class TorchDistributed(Contender):
     def prepare(self, case: Case, arena: Optional[cases.Arena] = None) -> Run:
         import torch.distributed as dist  # noqa: PLC0415
 
-        from ..torch.spellings import all_gather_single, reduce_scatter_single  # noqa: PLC0415
+        from ..torch.single_tensor import all_gather_single, reduce_scatter_single  # noqa: PLC0415
 
         group = self.job.torch_group(self.backend)
         lib = TorchLib(self.device if self.device == "cpu" else f"cuda:{self.job.local_rank % _cuda_count()}")

@@ -1,40 +1,35 @@
-"""All-to-all for CPU tensors, which denseccl's core does not offer, and the *engines* it and
-point-to-point (:mod:`.p2p`) run on: owned by the process group, an MPI duplicate under an MPI
-launcher, the gloo engine's group otherwise. An all-to-all moves bytes in row-major order (a
-tensor that is not row-major is staged through a contiguous copy, so the layouts of the ranks
-need not agree) and is checked first (:func:`_agreed`). A failure after the transfer began
-breaks the communicator on every rank (:func:`breaks`).
+"""All-to-all for CPU tensors, which denseccl's core does not offer, and the :class:`Engine` it
+and point-to-point (:mod:`.p2p`) run on: the host communicator's transport (MPI's or the gloo
+engine's), through its public calls (``alltoallv``, ``send``, ``recv``: bytes at a pointer).
+An all-to-all moves bytes in row-major order (a tensor that is not row-major is staged through
+a contiguous copy, so the layouts of the ranks need not agree) and is checked first
+(:func:`_agreed`). A failure after the transfer began breaks the communicator on every rank
+(:meth:`Engine.breaks`).
 """
 
 from __future__ import annotations
 
-from itertools import accumulate
 from math import prod
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
-import torch._C._distributed_c10d as c10d
 
 from ..agreement import Descriptor
 from ..communicator import Communicator
+from ..transport import Pending
 from ..errors import ArgumentError, CommunicatorBrokenError, LayoutError, MismatchError
 from ..wait import deadline_after, wait_until
-from ._issue import Issue
+from .operations import Issue
 from ..layout import physical_order
 from ._tensors import land
 from .p2p import order_of, span_of
 
-#: what an engine's recv returns: the step, then (once it completed) the source rank and the
-#: bytes received (None where the engine cannot tell)
-Received = Tuple[Any, Callable[[], int], Callable[[], Optional[int]]]
 #: raises once a peer gave up on the communicator the engine runs beside (``Flow.check_peers``)
 Check = Optional[Callable[[], None]]
 
 
-def hopeless(check: Check, what: str) -> Check:
-    """A step's watch: ``check``, its error naming the step (``what``), or None without one."""
-    if check is None:
-        return None
+def hopeless(check: Callable[[], None], what: str) -> Callable[[], None]:
+    """A step's watch: ``check``, its error naming the step (``what``)."""
 
     def watch() -> None:
         try:
@@ -45,166 +40,88 @@ def hopeless(check: Check, what: str) -> Check:
     return watch
 
 
-def breaks(host: Communicator) -> Callable[[BaseException], None]:
-    """What a failed all-to-all or point-to-point operation does once its transfer began (an
-    error in its wait or its completion, an interrupt): it breaks ``host`` and gives up, so
-    that a peer waiting for its next message raises at once, naming this rank, instead of at
-    the timeout. A local error, which leaves a collective's communicator usable, breaks it too:
-    the peers have moved on with the transfer."""
+class Step:
+    """A transport's operation (its ``Pending``) as a step of the progress engine
+    (``is_completed``, ``wait``). Until it completed it holds ``keep`` (the tensors it reads or
+    writes) and counts in the communicator's ``unfinished``, as a collective's Work does: a
+    communicator closed meanwhile keeps the library communicator the transfer uses. ``watch``
+    raises once a peer gave up; a wait inside the library (gloo's) hears it only where the
+    transport slices that wait."""
 
-    def note(error: BaseException) -> None:
-        flow = host.flow
-        flow.note_failure(error)
-        if flow.broken is None:
-            flow.note_failure(CommunicatorBrokenError(
-                f"rank {host.rank} failed after its transfer began: {type(error).__name__}: {error}"
+    __slots__ = ("pending", "keep", "what", "watch", "unfinished")
+
+    def __init__(self, pending: Pending, what: str, keep: Any, watch: Check, unfinished: List[bool]) -> None:
+        pending.what = what
+        self.pending, self.keep, self.what, self.watch = pending, keep, what, watch
+        self.unfinished = unfinished
+        unfinished.append(True)
+
+    def is_completed(self) -> bool:
+        return self.pending.test()
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        pending = self.pending
+        if pending.blocks:
+            pending.wait(deadline_after(timeout))
+        elif not pending.test():
+            wait_until(pending.test, deadline_after(timeout), self.what, watch=self.watch)
+        if self.keep is not None:  # a failed step keeps them: the transfer may still touch them
+            self.keep = None
+            self.unfinished.pop()
+
+
+def _pointer(t: torch.Tensor) -> Tuple[int, int]:
+    """A contiguous tensor's memory: its address and bytes."""
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+class Engine:
+    """All-to-all and point-to-point of contiguous tensors as bytes, through the public calls
+    of the host communicator's transport (MPI's, or the gloo engine's); its flow's
+    ``check_peers`` is every step's watch."""
+
+    def __init__(self, host: Communicator) -> None:
+        self.host = host
+        self.transport = host.transport
+        self.flow = host.flow
+
+    def breaks(self, error: BaseException) -> None:
+        """What a failed all-to-all or point-to-point operation does once its transfer began (an
+        error in its wait or its completion, an interrupt): it breaks the host communicator and
+        gives up, so that a peer waiting for its next message raises at once, naming this rank,
+        instead of at the timeout. A local error, which leaves a collective's communicator
+        usable, breaks it too: the peers have moved on with the transfer."""
+        self.flow.note_failure(error)
+        if self.flow.broken is None:
+            self.flow.note_failure(CommunicatorBrokenError(
+                f"rank {self.host.rank} failed after its transfer began: {type(error).__name__}: {error}"
             ))
 
-    return note
-
-
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's memory as a 1-D uint8 tensor (gloo moves it as bytes)."""
-    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-
-
-class RequestStep:
-    """An mpi4py request as a step of the progress engine (``is_completed``, ``wait``)."""
-
-    __slots__ = ("request", "status", "what", "keep", "completed", "watch")
-
-    def __init__(self, request: Any, status: Any, what: str, keep: Any, check: Check = None) -> None:
-        self.request = request
-        self.status = status  # an MPI.Status, which the request's completion fills in
-        self.what = what
-        self.keep = keep  # buffers the request reads or writes
-        self.completed = False
-        #: raises once a peer gave up: a wait for it is hopeless
-        self.watch = hopeless(check, what)
-
-    def is_completed(self) -> bool:
-        # test once more after completion would overwrite the status (a recv's source)
-        self.completed = self.completed or self.request.Test(self.status)
-        return self.completed
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        if not self.is_completed():
-            wait_until(self.is_completed, deadline_after(timeout), self.what, watch=self.watch)
-        self.keep = None
-
-
-class WorkStep:
-    """A torch Work of the gloo engine's group as a step of the progress engine; ``keep``: the
-    tensors it reads or writes, handed to ``held`` once it completed (backends/gloo/held.py).
-    ``check``: for works whose waits take slices (an all-to-all's), the watch between them. A
-    send's or recv's work takes none: gloo blocks inside its wait, never reports it completed
-    before, and a wait whose own timeout runs out cancels the transfer (nor does aborting the
-    group end such a wait), so its peers hear a failure at their next call."""
-
-    __slots__ = ("work", "keep", "held", "what", "watch")
-
-    def __init__(self, work: Any, what: str, held: Any, keep: Tuple[torch.Tensor, ...], check: Check = None) -> None:
-        self.work = work
-        self.keep = keep
-        self.held = held
-        self.what = what
-        #: raises once a peer gave up: a wait for it is hopeless
-        self.watch = hopeless(check, what)
-
-    def is_completed(self) -> bool:
-        return bool(self.work.is_completed())
-
-    def wait(self, timeout: Optional[float] = None) -> None:
-        from ..backends.gloo.transport import wait_work  # noqa: PLC0415 - torch may lack gloo
-
-        try:
-            wait_work(self.work, deadline_after(timeout), self.what, self.watch)
-        finally:  # held until gloo's threads let go of them (backends/gloo/held.py)
-            keep, self.keep = self.keep, ()
-            if keep:
-                self.held.hold(keep)
-
-
-class MPIEngine:
-    """All-to-all and point-to-point on an mpi4py communicator (owned: :meth:`free`)."""
-
-    def __init__(self, comm: Any) -> None:
-        from mpi4py import MPI  # noqa: PLC0415 - only under an MPI launch
-
-        self.comm = comm
-        self.mpi = MPI
-        #: ``Flow.check_peers`` of the communicator beside it (set by the process group)
-        self.check: Check = None
-
-    def _step(self, request: Any, what: str, keep: Any) -> RequestStep:
-        return RequestStep(request, self.mpi.Status(), what, keep, self.check)
-
-    def _bytes(self, t: torch.Tensor) -> Any:
-        """The memory of a contiguous tensor as a buffer mpi4py accepts."""
-        size = t.numel() * t.element_size()
-        return self.mpi.buffer.fromaddress(t.data_ptr() if size else 0, size)
+    def _step(self, pending: Pending, what: str, keep: Any, watched: bool = True) -> Step:
+        return Step(pending, what, keep, hopeless(self.flow.check_peers, what) if watched else None,
+                    self.flow.unfinished)
 
     def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
         """``send[r]`` bytes of ``source`` go to rank ``r``; ``recv[r]`` bytes come from it."""
-        sends = [self._bytes(source), (send, _displacements(send)), self.mpi.BYTE]
-        receives = [self._bytes(target), (recv, _displacements(recv)), self.mpi.BYTE]
-        return self._step(self.comm.Ialltoallv(sends, receives), what, (source, target))
+        pending = self.transport.alltoallv(source.data_ptr(), target.data_ptr(), send, recv)
+        return self._step(pending, what, (source, target))
 
+    # a send or recv whose wait blocks in the library cannot take slices of it: no watch
     def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
-        request = self.comm.Isend([self._bytes(source), self.mpi.BYTE], dest=dst, tag=tag)
-        return self._step(request, f"send to rank {dst}", source)
+        pending = self.transport.send(*_pointer(source), dst, tag)
+        return self._step(pending, f"send to rank {dst}", source, not pending.blocks)
 
-    def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
-        source = self.mpi.ANY_SOURCE if src < 0 else src
+    def recv(self, target: torch.Tensor, src: int, tag: int) -> Tuple[Step, Callable[[], int]]:
+        """The step, and (once it completed) the source rank; ``src`` < 0: any source."""
+        pending = self.transport.recv(*_pointer(target), src, tag)
         what = f"recv from rank {src}" if src >= 0 else "recv"
-        step = self._step(self.comm.Irecv([self._bytes(target), self.mpi.BYTE], source=source, tag=tag), what, target)
-        return step, step.status.Get_source, lambda: step.status.Get_count(self.mpi.BYTE)
-
-    def free(self) -> None:
-        if self.comm is not None and not self.mpi.Is_finalized() and self.comm != self.mpi.COMM_NULL:
-            self.comm.Free()
-        self.comm = None
-
-
-class GlooEngine:
-    """All-to-all and point-to-point on the gloo engine's group and ``held`` (both its
-    transport's: the tensors gloo was given are let go of in Python, backends/gloo/held.py)."""
-
-    def __init__(self, group: Any, held: Any) -> None:
-        self.group = group
-        self.held = held
-        #: ``Flow.check_peers`` of the communicator beside it (set by the process group)
-        self.check: Check = None
-
-    def alltoallv(self, source: torch.Tensor, target: torch.Tensor, send: List[int], recv: List[int], what: str) -> Any:
-        flat_target, flat_source = _flat_bytes(target), _flat_bytes(source)
-        work = self.group.alltoall_base(flat_target, flat_source, recv, send, c10d.AllToAllOptions())
-        return WorkStep(work, what, self.held, (flat_source, flat_target), self.check)
-
-    def send(self, source: torch.Tensor, dst: int, tag: int) -> Any:
-        flat = _flat_bytes(source)
-        return WorkStep(self.group.send([flat], dst, tag), f"send to rank {dst}", self.held, (flat,))
-
-    def recv(self, target: torch.Tensor, src: int, tag: int) -> Received:
-        flat = _flat_bytes(target)
-        work = self.group.recv_anysource([flat], tag) if src < 0 else self.group.recv([flat], src, tag)
-        what = f"recv from rank {src}" if src >= 0 else "recv"
-        step = WorkStep(work, what, self.held, (flat,))
-        return step, (work._source_rank if src < 0 else lambda: src), lambda: None
-
-    def free(self) -> None:
-        self.group = None
+        return self._step(pending, what, target, not pending.blocks), pending.source
 
 
 def _receive_buffer(t: torch.Tensor) -> torch.Tensor:
     """Where row-major bytes can land: ``t`` itself when it is row-major, else a row-major
     tensor of its shape, copied into ``t`` when the transfer completed."""
     return t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
-
-
-def _displacements(counts: Sequence[int]) -> List[int]:
-    """Where each rank's run starts when the runs of ``counts`` follow each other."""
-    return list(accumulate([0, *counts]))[:-1]
 
 
 def _agreed(host: Communicator, what: str, plan: Callable[[], dict]) -> dict:
@@ -250,8 +167,10 @@ def _alltoallv(engine: Any, what: str, source: torch.Tensor, target: torch.Tenso
 
 
 def all_to_all_single(
-    host: Communicator, engine: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]
+    engine: Engine, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]
 ) -> Issue:
+    host = engine.host
+
     def plan() -> dict:
         if out.dtype != inp.dtype:
             raise LayoutError(f"output dtype {out.dtype} differs from input dtype {inp.dtype}")
@@ -308,8 +227,8 @@ def _splits(splits: List[int], rows: int, size: int, what: str) -> List[int]:
     return [int(s) for s in splits]
 
 
-def alltoall(host: Communicator, engine: Any, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
-    size = host.size
+def alltoall(engine: Engine, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> Issue:
+    host, size = engine.host, engine.host.size
 
     def plan() -> dict:
         if len(outputs) != size or len(inputs) != size:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ..config import launched_by_mpi
 from . import init_process_group
-from .spellings import all_gather_single
+from .single_tensor import all_gather_single
 
 
 def _channels_last(numel: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch._C._distributed_c10d as _c10d
 from ..communicator import Communicator
 from ..errors import ArgumentError, LayoutError
 from ..ops import OpLike, as_op
-from ._issue import Issue, as_list, chain, one_step, options, raising_everywhere, start_each
+from .operations import Issue, as_list, chain, one_step, options, raising_everywhere, start_each
 from ._tensors import (
     is_dense,
     is_stacked,
@@ -158,16 +158,24 @@ class GatherScatter:
         return issue
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        with self._arguments("all_gather_single_coalesced", outputs):
-            opts = options(opts, _c10d.AllgatherOptions)
+        return self._coalesced("all_gather_single_coalesced", "all_gather_into_tensor_coalesced", outputs, inputs,
+                               opts, _c10d.AllgatherOptions, lambda comm, op, o, i: self._gather_single(comm, o, i))
+
+    def _coalesced(
+        self, what: str, name: str, outputs: Any, inputs: Any, opts: Any, kind: Any,
+        single: Callable[[Communicator, Any, torch.Tensor, torch.Tensor], Issue],
+    ) -> dist.Work:
+        """The single-tensor operation ``single(comm, op, output, input)`` on each pair, as one
+        operation (the method ``what``, torch's ``name``); ``op``: ``opts``' reduction, if any."""
+        with self._arguments(what, outputs):
+            opts = options(opts, kind)
             outputs, inputs = as_list(outputs), as_list(inputs)
-            comm = self._communicator(inputs, "all_gather_into_tensor_coalesced")
+            comm = self._communicator(inputs, name)
+            op = as_op(opts.reduceOp) if hasattr(opts, "reduceOp") else None
             if len(outputs) != len(inputs):
-                raise ArgumentError(
-                    f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs"
-                )
-        issues = [self._gather_single(comm, o, i) for o, i in zip(outputs, inputs)]
-        return self._run("all_gather_into_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
+                raise ArgumentError(f"{name}: {len(outputs)} outputs for {len(inputs)} inputs")
+        issues = [single(comm, op, o, i) for o, i in zip(outputs, inputs)]
+        return self._run(name, opts, inputs[0].device, chain(issues, outputs))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -219,11 +227,11 @@ class GatherScatter:
             opts = options(opts, _c10d.ReduceScatterOptions)
             comm = self._communicator([output, input], "reduce_scatter_tensor")
             op = as_op(opts.reduceOp)
-        return self._run("reduce_scatter_tensor", opts, input.device, self._scatter_single(comm, output, input, op))
+        return self._run("reduce_scatter_tensor", opts, input.device, self._scatter_single(comm, op, output, input))
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def _scatter_single(self, comm: Communicator, output: torch.Tensor, inp: torch.Tensor, op: OpLike) -> Issue:
+    def _scatter_single(self, comm: Communicator, op: OpLike, output: torch.Tensor, inp: torch.Tensor) -> Issue:
         size = self._group_size
 
         def issue() -> Tuple[List[Any], Callable[[], Any]]:
@@ -245,15 +253,8 @@ class GatherScatter:
         return issue
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> dist.Work:
-        with self._arguments("reduce_scatter_single_coalesced", outputs):
-            opts = options(opts, _c10d.ReduceScatterOptions)
-            outputs, inputs = as_list(outputs), as_list(inputs)
-            comm = self._communicator(inputs, "reduce_scatter_tensor_coalesced")
-            op = as_op(opts.reduceOp)
-            if len(outputs) != len(inputs):
-                raise ArgumentError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} inputs")
-        issues = [self._scatter_single(comm, o, i, op) for o, i in zip(outputs, inputs)]
-        return self._run("reduce_scatter_tensor_coalesced", opts, inputs[0].device, chain(issues, outputs))
+        return self._coalesced("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", outputs, inputs,
+                               opts, _c10d.ReduceScatterOptions, self._scatter_single)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

@@ -27,7 +27,7 @@ import torch
 from .. import config
 from ..errors import ArgumentError, MismatchError
 from ..layout import contiguous_strides, physical_order
-from ._issue import Issue
+from .operations import Issue
 from ._tensors import is_dense, land
 
 #: int64 words of a header: the span's bytes, the number of dims, the shape, the dims' order
@@ -121,7 +121,7 @@ def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[
         wanted = out.numel() * out.element_size()
         if wanted <= config.P2P_ONE_MESSAGE_BYTES:
             message = torch.empty(HEADER_BYTES + wanted, dtype=torch.uint8)
-            step, source, _ = engine.recv(message, src, tag)
+            step, source = engine.recv(message, src, tag)
             sources.append(source)
             words = message[:HEADER_BYTES].view(torch.int64)
             lying = message[HEADER_BYTES:].view(out.dtype) if wanted else torch.empty(0, dtype=out.dtype)
@@ -129,7 +129,7 @@ def recv(engine: Any, tensors: List[torch.Tensor], src: int, tag: int) -> Tuple[
         order = order_of(out)
         target = out if order is not None else torch.empty(out.shape, dtype=out.dtype)
         words = torch.zeros(HEADER, dtype=torch.int64)
-        head, source, _ = engine.recv(words, src, tag)
+        head, source = engine.recv(words, src, tag)
         sources.append(source)
         span = span_of(target)
         if src >= 0:

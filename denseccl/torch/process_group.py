@@ -30,7 +30,7 @@ from ..transport import abandon
 from ..backends.nccl.advice import install_hint
 from ..wait import deadline_after
 from . import all_to_all_p2p, buckets, dispatcher, p2p, profiling
-from ._issue import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
+from .operations import Issue, as_list, cuda_context, options, raising_everywhere, start_each, timeout_seconds
 from ._launch import arrive, host_engine, mpi_group
 from ._tensors import composite_key, is_dense, not_dense_message
 from .gather_scatter import GatherScatter
@@ -64,7 +64,7 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
         self._mpi_group: Any = None  # mpi4py communicator of this group's ranks, in group-rank order
         self._owns_mpi_group = False
         self._host: Optional[Communicator] = None
-        self._aux: Any = None  # the engine of point-to-point and all-to-all (all_to_all_p2p)
+        self._aux: Optional[all_to_all_p2p.Engine] = None  # of point-to-point and all-to-all
         self._device: Optional[Communicator] = None
         self._names: dict = {}
         self._setup_host(list(global_ranks))
@@ -82,19 +82,12 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                 size=self._group_size,
                 timeout=self._seconds or 0,
             )
-            from ..backends.gloo.transport import GlooTransport  # noqa: PLC0415 - torch may have no gloo
-
-            transport = self._host.transport
-            assert isinstance(transport, GlooTransport)  # backend="gloo" gives the gloo engine's
-            self._aux = all_to_all_p2p.GlooEngine(*transport.group_and_held())
-            self._aux.check = self._host.flow.check_peers
-            return
-        if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
-            arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
-        self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
-        self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
-        self._aux = all_to_all_p2p.MPIEngine(self._mpi_group.Dup())
-        self._aux.check = self._host.flow.check_peers
+        else:
+            if global_ranks:  # MPI_Comm_create_group blocks until every member calls it
+                arrive(self._store, self._group_rank, self._group_size, self._seconds, "creating the denseccl subgroup")
+            self._mpi_group, self._owns_mpi_group = mpi_group(self._group_rank, self._group_size, global_ranks)
+            self._host = denseccl_init(backend="mpi", comm=self._mpi_group, timeout=self._seconds or 0)
+        self._aux = all_to_all_p2p.Engine(self._host)
 
     def _communicator(self, tensors: Sequence[torch.Tensor], what: str) -> Communicator:
         """The denseccl communicator for these tensors' device (all must share one type)."""
@@ -284,8 +277,8 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
 
     # -- outside denseccl's core: all-to-all and point-to-point, on this group's engine --------
 
-    def _aux_comm(self, tensors: Sequence[torch.Tensor], what: str) -> Tuple[Communicator, Any]:
-        """The host communicator (whose agreement step checks an all-to-all) and the engine."""
+    def _engine(self, tensors: Sequence[torch.Tensor], what: str) -> all_to_all_p2p.Engine:
+        """The engine on the host communicator (whose agreement step checks an all-to-all)."""
         if any(t.device.type != "cpu" for t in tensors):
             raise ArgumentError(
                 f"{what} on {tensors[0].device.type} tensors is not supported by the denseccl backend: denseccl has "
@@ -294,7 +287,7 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
         host = self._live_host()
         host.flow.usable()  # a peer that gave up, or this rank's own failure: at once
         assert self._aux is not None  # made with the host communicator, dropped with it
-        return host, self._aux
+        return self._aux
 
     def all_to_all_single(
         self,
@@ -307,11 +300,11 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
         """Rows (dim 0) ``input[in_offsets[r]: ...]`` go to rank ``r`` (see :mod:`.all_to_all_p2p`)."""
         with self._arguments("all_to_all_single", output, input):
             opts = options(opts, _c10d.AllToAllOptions)
-            host, engine = self._aux_comm([output, input], "all_to_all_single")
+            engine = self._engine([output, input], "all_to_all_single")
 
         splits = list(output_split_sizes), list(input_split_sizes)
-        issue = all_to_all_p2p.all_to_all_single(host, engine, output, input, *splits)
-        return self._run("all_to_all_single", opts, input.device, issue, on_failure=all_to_all_p2p.breaks(host))
+        issue = all_to_all_p2p.all_to_all_single(engine, output, input, *splits)
+        return self._run("all_to_all_single", opts, input.device, issue, on_failure=engine.breaks)
 
     alltoall_base = all_to_all_single
 
@@ -319,23 +312,22 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
         with self._arguments("alltoall", output_tensors, input_tensors):
             opts = options(opts, _c10d.AllToAllOptions)
             outputs, inputs = as_list(output_tensors), as_list(input_tensors)
-            host, engine = self._aux_comm(outputs + inputs, "all_to_all")
+            engine = self._engine(outputs + inputs, "all_to_all")
 
-        issue = all_to_all_p2p.alltoall(host, engine, outputs, inputs)
-        return self._run("all_to_all", opts, inputs[0].device, issue, on_failure=all_to_all_p2p.breaks(host))
+        issue = all_to_all_p2p.alltoall(engine, outputs, inputs)
+        return self._run("all_to_all", opts, inputs[0].device, issue, on_failure=engine.breaks)
 
     def send(self, tensors: Any, dst: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        host, engine = self._aux_comm(tensors, "send")
+        engine = self._engine(tensors, "send")
         issue = p2p.send(engine, tensors, dst, tag)
-        return self._run("send", None, tensors[0].device, issue, on_failure=all_to_all_p2p.breaks(host))
+        return self._run("send", None, tensors[0].device, issue, on_failure=engine.breaks)
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> dist.Work:
         tensors = as_list(tensors)
-        host, engine = self._aux_comm(tensors, "recv")
+        engine = self._engine(tensors, "recv")
         issue, source = p2p.recv(engine, tensors, src, tag)
-        breaks = all_to_all_p2p.breaks(host)
-        return self._run("recv", None, tensors[0].device, issue, source_rank=source, on_failure=breaks)
+        return self._run("recv", None, tensors[0].device, issue, source_rank=source, on_failure=engine.breaks)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> dist.Work:
         return self.recv(tensors, -1, tag)
@@ -361,14 +353,11 @@ class ProcessGroupDenseCCL(GatherScatter, TorchTooling, dist.ProcessGroup):
                     comm.close()
         if not finished:  # a request given up on may still use them: kept, never freed
             abandon(self._mpi_group, self._aux)
-        elif self._aux is not None:
-            with contextlib.suppress(Exception):
-                self._aux.free()
-            if self._owns_mpi_group:
-                from ..backends.mpi.control import free_comm  # noqa: PLC0415 - only under an MPI launch
+        elif self._owns_mpi_group:
+            from ..backends.mpi.control import free_comm  # noqa: PLC0415 - only under an MPI launch
 
-                with contextlib.suppress(Exception):
-                    free_comm(self._mpi_group)
+            with contextlib.suppress(Exception):
+                free_comm(self._mpi_group)
         self._host = self._device = self._aux = self._mpi_group = None
 
     def abort(self) -> None:

@@ -57,7 +57,7 @@ class Operation:
     deadline: Optional[float]
     done: bool = False
     #: called with the error of a failed operation whose peers must learn it (all-to-all and
-    #: point-to-point: all_to_all_p2p.breaks); its steps are then kept for good
+    #: point-to-point: all_to_all_p2p.Engine.breaks); its steps are then kept for good
     on_failure: Optional[Callable[[BaseException], None]] = None
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from .. import flow
 from . import dispatcher, init_process_group, profiling
 from .process_group import ProcessGroupDenseCCL
-from .spellings import all_gather_single
+from .single_tensor import all_gather_single
 
 _TRACED = {name: getattr(ProcessGroupDenseCCL, name) for name in profiling.RANGES
            if hasattr(ProcessGroupDenseCCL, name)}

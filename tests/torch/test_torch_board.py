@@ -76,9 +76,9 @@ def test_a_killed_rank_ends_the_job_and_leaves_nothing() -> None:
 
 
 def test_the_agreement_benchmark_runs_under_torchrun() -> None:
-    """denseccl/bench/agreement.py (docs/benchmark.md): every contender of a torchrun job."""
+    """denseccl/bench/agreement_step.py (docs/benchmark.md): every contender of a torchrun job."""
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                "denseccl.bench.agreement", "--rounds", "2", "--iters", "50"], timeout=240)
+                "denseccl.bench.agreement_step", "--rounds", "2", "--iters", "50"], timeout=240)
     rows = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")}
     assert rows == {"board", "gloo", "store"}, done.stdout
 

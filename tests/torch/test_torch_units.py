@@ -508,7 +508,7 @@ def test_denseccl_calls_no_deprecated_torch_distributed_function():
     """torch 2.13 deprecates ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (their
     successors: ``all_gather_single``, ``reduce_scatter_single``) and a few others; every call
     warns. denseccl's own code (the backend, its benchmarks) calls none of them, so no
-    FutureWarning escapes from it (``denseccl.torch.spellings`` falls back to the old names on
+    FutureWarning escapes from it (``denseccl.torch.single_tensor`` falls back to the old names on
     older torch). Found by reading each module's calls of ``torch.distributed`` functions."""
     import ast
     import warnings

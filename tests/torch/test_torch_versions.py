@@ -1,7 +1,7 @@
 """The torch adapter on torch older than the 2.13 CPU build it is tested with here: torch 2.11
 (the GPU machine's) has no ``all_gather_single`` / ``reduce_scatter_single``, in
 ``torch.distributed`` or on a process group, and calls a backend by the older method names.
-Both are checked without that torch: the fallback of ``denseccl.torch.spellings`` on a stand-in
+Both are checked without that torch: the fallback of ``denseccl.torch.single_tensor`` on a stand-in
 of 2.11's ``torch.distributed``, and the process group driven through every method name 2.11's
 ``distributed_c10d.py`` calls on a group (read from its source), on one rank, against NumPy."""
 
@@ -18,7 +18,7 @@ import torch._C._distributed_c10d as c10d  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from denseccl.config import MPI_LAUNCH_VARIABLES  # noqa: E402
-from denseccl.torch import spellings  # noqa: E402
+from denseccl.torch import single_tensor  # noqa: E402
 from denseccl.torch.process_group import ProcessGroupDenseCCL  # noqa: E402
 
 #: the collective methods torch 2.11's ``distributed_c10d.py`` calls on a process group whose
@@ -47,17 +47,17 @@ def test_spellings_fall_back_to_the_old_names():
         return ("new scatter", args)
 
     torch_2_11 = types.SimpleNamespace(all_gather_into_tensor=old_gather, reduce_scatter_tensor=old_scatter)
-    assert spellings.single_tensor_collectives(torch_2_11) == (old_gather, old_scatter)
+    assert single_tensor.single_tensor_collectives(torch_2_11) == (old_gather, old_scatter)
     torch_2_13 = types.SimpleNamespace(
         all_gather_into_tensor=old_gather, reduce_scatter_tensor=old_scatter,
         all_gather_single=new_gather, reduce_scatter_single=new_scatter,
     )
-    assert spellings.single_tensor_collectives(torch_2_13) == (new_gather, new_scatter)
+    assert single_tensor.single_tensor_collectives(torch_2_13) == (new_gather, new_scatter)
 
 
 def test_spellings_of_this_torch():
-    gather, scatter = spellings.single_tensor_collectives(dist)
-    assert (spellings.all_gather_single, spellings.reduce_scatter_single) == (gather, scatter)
+    gather, scatter = single_tensor.single_tensor_collectives(dist)
+    assert (single_tensor.all_gather_single, single_tensor.reduce_scatter_single) == (gather, scatter)
     new = hasattr(dist, "all_gather_single")
     assert gather is (dist.all_gather_single if new else dist.all_gather_into_tensor)
 

@@ -54,7 +54,7 @@ def _graph() -> Dict[str, Set[str]]:
 LAYERS = [
     ("the pure core", ["errors", "config", "log", "layout", "dtypes", "ops", "arrays", "streams", "wait"]),
     ("the agreement and its channel", ["channel", "transport", "agreement"]),
-    ("the engine", ["flow", "recorder", "trace_files"]),
+    ("the flow", ["flow", "recorder", "trace_files"]),
     ("the communicator", ["communicator"]),
     ("the engines", ["backends"]),
     # the one place that knows every backend: it chooses one and builds the Communicator on its parts
@@ -129,6 +129,6 @@ def test_the_layer_reader_names_a_climb():
     """The reader itself: the core importing a backend is named, importer first."""
     graph = {"denseccl.flow": {"denseccl.backends.mpi.transport", "denseccl.errors"}, "denseccl": {"denseccl.flow"}}
     assert _climbs(graph) == [
-        "denseccl.flow (the engine) imports denseccl.backends.mpi.transport (the engines)"
+        "denseccl.flow (the flow) imports denseccl.backends.mpi.transport (the engines)"
     ]
     assert _layer("denseccl") == len(LAYERS) - 1 and _layer("denseccl.channel.board") == 1

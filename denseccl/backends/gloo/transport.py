@@ -26,7 +26,7 @@ from torch.distributed import PrefixStore, ProcessGroupGloo
 
 from ... import config, log
 from ...channel.shared import SharedControl, open_shared
-from ...dtypes import DType
+from ...dtypes import DTYPES, DType
 from ...errors import ArgumentError, DenseCCLError, OpError, peer_gave_up_error, timeout_error
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ...channel.base import ControlChannel, StoreNews
@@ -105,6 +105,7 @@ class GlooPending(Pending):
 
     __slots__ = ("work", "finish", "keep", "held", "polled", "watch")
     blocks = True  # gloo's threads move the data; a polling waiter would take their cores
+    what = "gloo collective"
 
     def __init__(
         self,
@@ -134,7 +135,7 @@ class GlooPending(Pending):
     def wait(self, deadline: Optional[float]) -> None:
         try:
             # raises the work's error, if any
-            wait_work(self.work, deadline, "gloo collective", self.watch if self.polled else None)
+            wait_work(self.work, deadline, self.what, self.watch if self.polled else None)
         finally:  # gloo's threads may not have let go of them yet, or still run (held.py)
             keep, self.keep = self.keep, ()
             if keep:
@@ -142,6 +143,24 @@ class GlooPending(Pending):
         finish, self.finish = self.finish, None
         if finish is not None:
             finish()
+
+
+class GlooReceived(GlooPending):
+    """A receive's work from ``peer`` (< 0: any rank, which gloo names once it completed)."""
+
+    __slots__ = ("peer",)
+
+    def __init__(self, work: Any, held: Held, keep: Tuple[torch.Tensor, ...], peer: int) -> None:
+        super().__init__(work, held, keep)
+        self.peer = peer
+
+    def source(self) -> int:
+        return self.peer if self.peer >= 0 else int(self.work._source_rank())
+
+
+def _bytes(pointer: int, nbytes: int) -> torch.Tensor:
+    """The ``nbytes`` at ``pointer`` as a 1-D uint8 tensor over that memory (none: a new empty one)."""
+    return span_tensor(pointer, nbytes, DTYPES["uint8"]) if nbytes else torch.empty(0, dtype=torch.uint8)
 
 
 def make_group(
@@ -222,12 +241,6 @@ class GlooTransport(_GlooGroup, Transport):
         self.host: Optional[ShmTransport] = None
         #: raises once a peer gave up (:meth:`hear`)
         self.watch: Optional[Callable[[], None]] = None
-
-    def group_and_held(self) -> Tuple[Any, Held]:
-        """The gloo group this transport calls and the :class:`Held` its calls' tensors wait in,
-        for gloo calls made beside its collectives on the same group (the torch adapter's
-        all-to-all and point-to-point), whose tensors gloo's threads must let go of alike."""
-        return self.group, self.held
 
     def hear(self, control: ControlChannel) -> None:
         flag = control.gave_up_flag()
@@ -335,6 +348,22 @@ class GlooTransport(_GlooGroup, Transport):
 
     def barrier(self) -> Pending:
         return self._pending(self.group.barrier(c10d.BarrierOptions()))
+
+    def alltoallv(self, send: int, recv: int, sends: Sequence[int], receives: Sequence[int]) -> Pending:
+        source, target = _bytes(send, sum(sends)), _bytes(recv, sum(receives))
+        work = self.group.alltoall_base(target, source, list(receives), list(sends), c10d.AllToAllOptions())
+        return self._pending(work, (source, target))
+
+    # a send's or recv's work reports completion only once waited for, and a wait whose own
+    # timeout runs out cancels the transfer: their waits are not sliced to hear a peer (no watch)
+    def send(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        source = _bytes(pointer, nbytes)
+        return GlooPending(self.group.send([source], peer, tag), self.held, (source,))
+
+    def recv(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        target = _bytes(pointer, nbytes)
+        work = self.group.recv_anysource([target], tag) if peer < 0 else self.group.recv([target], peer, tag)
+        return GlooReceived(work, self.held, (target,), peer)
 
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0

@@ -19,7 +19,7 @@ import ctypes
 import itertools
 import weakref
 from functools import lru_cache
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from mpi4py import MPI
 
@@ -74,6 +74,16 @@ def _half_op(kind: ReduceOp, dtype: DType) -> Any:
     return MPI.Op.Create(host_kernels.half_reduction(kind, dtype), commute=True)
 
 
+def _bytes(pointer: int, nbytes: int) -> Any:
+    """The ``nbytes`` at ``pointer`` as a buffer mpi4py accepts."""
+    return MPI.buffer.fromaddress(pointer if nbytes else 0, nbytes)
+
+
+def _runs(counts: Sequence[int]) -> List[int]:
+    """Where each rank's run starts when the runs of ``counts`` follow each other."""
+    return list(itertools.accumulate([0, *counts]))[:-1]
+
+
 @lru_cache(maxsize=None)
 def has_persistent() -> bool:
     """Whether the MPI library has persistent collectives (MPI 4; Open MPI has them from 5.0
@@ -122,6 +132,25 @@ class StepsPending(Pending):
                 return False
             self.request, self.keep = next(self.steps, (None, None))
         return True
+
+
+class MPIReceived(MPIPending):
+    """A receive's request and the status its completion fills in (the sender's rank)."""
+
+    __slots__ = ("status", "done")
+
+    def __init__(self, request: Any, status: Any) -> None:
+        super().__init__(request)
+        self.status = status
+        self.done = False
+
+    def test(self) -> bool:
+        # a test after completion would overwrite the status (MPI_ANY_SOURCE)
+        self.done = self.done or self.request.Test(self.status)
+        return self.done
+
+    def source(self) -> int:
+        return int(self.status.Get_source())
 
 
 class MPITransport(Transport):
@@ -185,7 +214,7 @@ class MPITransport(Transport):
         message = self._allreduce_input(send, recv, count, dtype, op)
         rank, size, itemsize, mpi_type = self.rank, self.size, dtype.itemsize, _MPI_TYPES[dtype.name]
         counts = [count // size + (1 if r < count % size else 0) for r in range(size)]
-        displacements = list(itertools.accumulate([0] + counts[:-1]))
+        displacements = _runs(counts)
         block = recv + displacements[rank] * itemsize
         block_bytes = counts[rank] * itemsize
         fromaddress, mpi_op = MPI.buffer.fromaddress, _mpi_op(op, dtype)
@@ -241,6 +270,18 @@ class MPITransport(Transport):
     def barrier(self) -> Pending:
         return MPIPending(self.comm.Ibarrier())
 
+    def alltoallv(self, send: int, recv: int, sends: Sequence[int], receives: Sequence[int]) -> Pending:
+        messages = [[_bytes(pointer, sum(counts)), (list(counts), _runs(counts)), MPI.BYTE]
+                    for pointer, counts in ((send, sends), (recv, receives))]
+        return MPIPending(self.comm.Ialltoallv(*messages))
+
+    def send(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        return MPIPending(self.comm.Isend([_bytes(pointer, nbytes), MPI.BYTE], dest=peer, tag=tag))
+
+    def recv(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        source = MPI.ANY_SOURCE if peer < 0 else peer
+        return MPIReceived(self.comm.Irecv([_bytes(pointer, nbytes), MPI.BYTE], source=source, tag=tag), MPI.Status())
+
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Start]:
@@ -287,4 +328,4 @@ class MPITransport(Transport):
         retire_comm(self.comm)
 
 
-__all__ = ["MPIControl", "MPIPending", "MPITransport", "StepsPending", "open_control"]
+__all__ = ["MPIControl", "MPIPending", "MPIReceived", "MPITransport", "StepsPending", "open_control"]

@@ -15,7 +15,7 @@ their own on the board; the engine's calls fuse their data into the agreement st
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ...channel.board import Board
 from ...dtypes import DType
@@ -163,6 +163,16 @@ class ShmTransport(Transport):
 
     def barrier(self) -> Pending:
         return self._own_step(self.once("barrier", 0, 0, 0, None), self.fallback.barrier)
+
+    # all-to-all and point-to-point bytes: the fallback's (no shared-memory form yet)
+    def alltoallv(self, send: int, recv: int, sends: Sequence[int], receives: Sequence[int]) -> Pending:
+        return self.fallback.alltoallv(send, recv, sends, receives)
+
+    def send(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        return self.fallback.send(pointer, nbytes, peer, tag)
+
+    def recv(self, pointer: int, nbytes: int, peer: int, tag: int) -> Pending:
+        return self.fallback.recv(pointer, nbytes, peer, tag)
 
     def check_op(self, op: Op, dtype: DType) -> None:
         self.fallback.check_op(op, dtype)

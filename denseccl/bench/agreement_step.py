@@ -1,8 +1,8 @@
-"""``python -m denseccl.bench.agreement``: the agreement step alone, per call, on every control
+"""``python -m denseccl.bench.agreement_step``: the agreement step alone, per call, on every control
 channel that can run in this job, side by side (docs/benchmark.md, "The agreement step")::
 
-    mpiexec -n 4 python -m denseccl.bench.agreement [--rounds 9] [--iters 2000]
-    torchrun --standalone --nproc-per-node 4 -m denseccl.bench.agreement
+    mpiexec -n 4 python -m denseccl.bench.agreement_step [--rounds 9] [--iters 2000]
+    torchrun --standalone --nproc-per-node 4 -m denseccl.bench.agreement_step
 
 Contenders, all over the same ranks: ``board`` (the shared-memory board set up over a store,
 denseccl/channel/; across hosts a board per host plus one leaders' round), ``leaders`` (that
