@@ -147,3 +147,18 @@ def test_drawn_gathers_and_barriers_through_shared_memory(n: int, batch: list, t
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
                 str(PROGRAM), "layouts", str(path)], timeout=300)
     expect_passed(done, n)
+
+
+@pytest.mark.skipif(TASKSET is None, reason="taskset is not installed")
+@settings(
+    max_examples=1, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a job
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(batch=st.lists(gather_cases(), min_size=25, max_size=25))
+def test_drawn_gathers_with_four_ranks_on_one_core(batch: list, tmp_path: Path) -> None:
+    """Crowded: every wait on the board yields, then sleeps on its doorbell."""
+    path = tmp_path / "gathers-crowded.json"
+    path.write_text(json.dumps(batch))
+    done = run([TASKSET, "-c", "0", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                "4", str(PROGRAM), "layouts", str(path)], timeout=400)
+    expect_passed(done, 4)

@@ -270,9 +270,21 @@ def on_gloo(check: Checker, comm: denseccl.Communicator, numel: int, what: str) 
 
 
 def gloo_only(check: Checker) -> None:
-    """A call one element over the limit, and the agreement step off: gloo."""
+    """A call one element over the limit, and the agreement step off: gloo (gathers, scatters
+    and barriers too: with no step there is nothing to order the slots)."""
     on_gloo(check, denseccl.init(backend="gloo"), denseccl.config.settings().host_path // 4 + 1, "over the limit")
     on_gloo(check, denseccl.init(backend="gloo", check="off"), 16, "check off")
+    comm = denseccl.init(backend="gloo", check="off")
+    counted = Counted(comm.flow.transport)
+    size, rank = comm.size, comm.rank
+    for call in range(2):
+        comm.barrier()
+        every = comm.allgather(torch.full((8,), float(rank + call)))
+        check.check(torch.equal(every[:, 0], torch.arange(size, dtype=torch.float32) + call), f"check off: {every}")
+        part = comm.reduce_scatter(torch.ones(size, 8) * (rank + 1))
+        check.check(torch.equal(part, torch.full((8,), float(sum(range(1, size + 1))))), f"check off: {part}")
+    check.check(counted.gloo == 6, f"check off: {counted.gloo} gloo calls of barriers, gathers and scatters, not 6")
+    comm.close()
 
 
 def turned_off(check: Checker) -> None:
