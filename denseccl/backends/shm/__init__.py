@@ -11,7 +11,8 @@ engine hands it the calls that fit (backends/gloo/transport.py), and it hands ba
 
 - :mod:`.area`: the data area's slots, the reductions in rank order;
 - :mod:`.repeated`: a repeated in-place allreduce, reduce or broadcast (``Transport.prepare``);
-- :mod:`.first`: a barrier, an allgather or a reduce-scatter, first call or not
-  (``Transport.once``), its data moved within the call's agreement step;
+- :mod:`.first`: every other call but all-to-all (``Transport.once``: a barrier, an allgather,
+  a reduce-scatter; a first, out-of-place or async allreduce, reduce or broadcast), its data
+  moved within the call's agreement step;
 - :mod:`.transport`: ``ShmTransport``, the engine, and which calls fit.
 """
