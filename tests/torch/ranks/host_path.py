@@ -122,6 +122,13 @@ def same_everywhere(comm: denseccl.Communicator, x: torch.Tensor) -> bool:
     return all(np.array_equal(block, every[0]) for block in every)
 
 
+def same_bits_everywhere(comm: denseccl.Communicator, x: np.ndarray) -> bool:
+    """Whether every rank holds the same bits in the NumPy array ``x`` (any shape, even empty)."""
+    mine = np.frombuffer(np.ascontiguousarray(x).tobytes(), dtype=np.uint8).copy()
+    every = comm.allgather(mine) if mine.size else [mine]
+    return all(np.array_equal(block, every[0]) for block in every)
+
+
 def replays(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
     shaker = random.Random(rank)
     seed = 0
@@ -366,7 +373,7 @@ def layouts(check: Checker, rank: int, size: int, path: str) -> None:
             else:
                 comm.allreduce(x, op=op)
                 compare(check, f"{what} call {salt}", to_numpy(x), inputs, dtype, raw, size)
-                check.check(same_everywhere(comm, torch.as_tensor(to_numpy(x))), f"{what} call {salt}: ranks differ")
+                check.check(same_bits_everywhere(comm, to_numpy(x)), f"{what} call {salt}: ranks differ")
             nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
             if 0 < nbytes <= limit and not isinstance(raw, dict):  # a PreMulSum: gloo
                 check.check(counted.gloo == before, f"{what} call {salt}: a gloo call, not shared memory")
