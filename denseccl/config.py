@@ -23,9 +23,9 @@ DEFAULT_TIMEOUT = 300.0
 #: calls each communicator's flight recorder keeps unless told otherwise (recorder.py); its cost
 #: per call is measured in docs/debugging.md
 DEFAULT_TRACE_BUFFER = 1024
-#: bytes up to which a repeated allreduce of the gloo engine's ranks on one host moves through
-#: the host's shared memory instead of gloo (backends/gloo/host.py); each rank's slot holds this
-#: much twice over, in one segment per communicator
+#: bytes up to which a call of the gloo engine's ranks on one host moves through the host's
+#: shared memory instead of gloo (backends/shm); each rank's slot holds this much twice over,
+#: in one segment per communicator
 DEFAULT_HOST_PATH = 65536
 
 # -- tuning: every constant that trades latency, memory or politeness, in one place ----------

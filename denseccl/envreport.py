@@ -236,7 +236,7 @@ def agreement_paths() -> "OrderedDict[str, str]":
     )
     limit = config.settings().host_path
     paths["torchrun, spawn, store"] += (
-        f"; the gloo engine's repeated allreduce, reduce and broadcast of up to {limit} bytes move through the "
+        f"; the gloo engine's calls (all but all-to-all; barriers) of up to {limit} bytes move through the "
         "board's segment when all ranks share one host (DENSECCL_HOST_PATH)" if limit else
         "; DENSECCL_HOST_PATH=0: every gloo engine call through gloo"
     )

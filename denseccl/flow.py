@@ -167,6 +167,9 @@ class Flow:
         input is the output), else the transport's call made for this time only. Returns
         ``target``'s array (or its Work with ``async_op``)."""
         if source is None or target is None:  # a barrier
+            fused = self.transport.once("barrier", 0, 0, 0, None)
+            if fused is not None:
+                return self.run(Call(descriptor, fused.start, step=fused.step), 0, None)
             return self.run(Call(descriptor, lambda _address: self.transport.barrier()), 0, None)
         call = self.prepare(key, descriptor, source, op) or self._once(descriptor, source, target, op, async_op, stream)
         keep = source if target is source else (source, target)
@@ -183,6 +186,9 @@ class Flow:
         if not count:
             return Call(descriptor, _done)
         send, recv, dtype = source.span_pointer, target.span_pointer, DTYPES[source.layout.dtype]
+        fused = transport.once(collective, send, recv, count, dtype, op, root)
+        if fused is not None:  # its data moves in its agreement step (Transport.once)
+            return Call(descriptor, fused.start, step=fused.step, lost=fused.lost)
         if collective == "allreduce":
             # waited for at once: the transport may split it into calls issued one after the other
             start = transport.allreduce if async_op else transport.allreduce_now

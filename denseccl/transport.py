@@ -191,6 +191,18 @@ class Transport(ABC):
             return Start(lambda a: self.broadcast(a, count, dtype, root).test)
         raise ValueError(f"no in-place form of {collective!r}")
 
+    def once(
+        self, collective: str, send: int, recv: int, count: int, dtype: Optional[DType], op: Optional[Op] = None,
+        root: int = 0,
+    ) -> Optional["Start"]:
+        """The call of ``collective`` (any but all-to-all; a barrier has no spans and no dtype)
+        on the spans at ``send`` and ``recv`` whose data moves within its agreement step: a
+        :class:`Start` whose ``step`` replaces the channel's ``all_equal`` and whose ``start``
+        then returns a :class:`Pending` (not a test: the call may be async). None (the
+        default): the general method, after the channel's step. A transport whose ranks share
+        memory (backends/shm) fuses the copy of its data into the step that must come first."""
+        return None
+
     def check_op(self, op: Op, dtype: DType) -> None:
         """Raise :class:`ArgumentError` or :class:`OpError` if this transport cannot apply ``op`` to ``dtype``
         (restrictions beyond the common tables in ops.py, e.g. of the library's version)."""

@@ -5,9 +5,8 @@ the agreement step on and off, against torch's gloo, side by side in one job::
 
 Contenders, on the same ranks and the same number of bytes: ``check`` (``denseccl.init()``'s
 communicator, the agreement on the host's board; up to ``DENSECCL_HOST_PATH`` bytes the call
-itself then moves through the host's shared memory, backends/gloo/host.py), ``off`` (a second
-communicator with
-``check="off"``: the same engine with no agreement step) and ``gloo`` (``dist.all_reduce`` on a
+itself then moves through the host's shared memory, backends/shm), ``off`` (a second
+communicator with ``check="off"``: the same engine with no agreement step) and ``gloo`` (``dist.all_reduce`` on a
 gloo group). They alternate block by block, all ranks starting each block together. Every call
 is timed on its own: a mean alone hides that on a small machine gloo's calls fall into two
 groups, the usual ones and those that waited out a scheduler slice, so the table shows the

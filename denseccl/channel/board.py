@@ -47,7 +47,7 @@ class Board:
     ``fence``: the full memory barrier that orders its stores and loads across ranks (the
     fence.py's, or none between threads); ``owner``: the segment that provides ``memory``
     (segment.py), closed with the board. ``data``: shared memory beside the page that a transport moves
-    small calls through, ordered by the board's steps (backends/gloo/host.py), or None."""
+    small calls through, ordered by the board's steps (backends/shm), or None."""
 
     def __init__(
         self,

@@ -9,7 +9,9 @@ Rows, each a 64 MiB float32 channels-last allreduce unless said otherwise: ``dir
 group's own denseccl communicator), ``backend`` (``dist.all_reduce``), ``gloo`` (a gloo group
 of the same ranks), ``gloo-contiguous`` (gloo on a row-major tensor, its best case),
 ``*-transposed`` (a transposed 2-D tensor), ``*-gather`` (all_gather_single into a channels-last
-output), ``*-distinct`` (a tensor of its own per call) and ``*-fresh`` (a tensor made inside the
+output), ``*-scatter`` (reduce_scatter_tensor of a flat input, ``mib`` per rank's output),
+``*-barrier`` (no data; ``direct-*``: the group's own communicator for these three too),
+``*-distinct`` (a tensor of its own per call) and ``*-fresh`` (a tensor made inside the
 timed loop). A round is a barrier, then ``iters`` calls (the mean per call, averaged over
 ranks); ``faults``: minor page faults per call, the most of any rank (docs/torch.md says why).
 """
@@ -72,6 +74,7 @@ def main() -> None:
     cl, flat, square = _channels_last(numel), torch.ones(numel), torch.ones(side, side).t()
     gathered = torch.empty(dist.get_world_size() * cl.shape[0], *cl.shape[1:]).to(memory_format=torch.channels_last)
     small = cl.new_ones(cl.shape).to(memory_format=torch.channels_last)
+    whole, part = torch.ones(dist.get_world_size() * numel), torch.empty(numel)
 
     def distinct(group: Optional[dist.ProcessGroup]) -> Calls:
         def calls(n: int) -> List[Callable[[], object]]:
@@ -89,6 +92,13 @@ def main() -> None:
         "gloo-transposed": lambda: dist.all_reduce(square, group=gloo),
         "backend-gather": lambda: all_gather_single(gathered, small),
         "gloo-gather": lambda: all_gather_single(gathered, small, group=gloo),
+        "backend-scatter": lambda: dist.reduce_scatter_tensor(part, whole),
+        "gloo-scatter": lambda: dist.reduce_scatter_tensor(part, whole, group=gloo),
+        "direct-scatter": lambda: direct.reduce_scatter(whole.view(dist.get_world_size(), numel), out=part),
+        "direct-gather": lambda: direct.allgather(small, out=gathered.view(dist.get_world_size(), *small.shape)),
+        "direct-barrier": lambda: direct.barrier(),
+        "backend-barrier": lambda: dist.barrier(),
+        "gloo-barrier": lambda: dist.barrier(group=gloo),
         "backend-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last)),
         "gloo-fresh": lambda: dist.all_reduce(torch.ones(cl.shape).to(memory_format=torch.channels_last), group=gloo),
     }
@@ -127,10 +137,12 @@ def main() -> None:
         medians = {name: statistics.median(values) * 1e3 for name, values in found.items()}
         for name, ms in medians.items():
             spread = f"{min(found[name]) * 1e3:.1f}-{max(found[name]) * 1e3:.1f}"
-            print(f"  {name:20s} {ms:8.2f}   rounds {spread:15s} faults {statistics.median(faults[name]):7.0f}")
+            print(f"  {name:20s} {ms:8.3f}   rounds {spread:15s} faults {statistics.median(faults[name]):7.0f}")
         pairs = (
             ("backend", "direct"), ("gloo", "backend"), ("gloo-contiguous", "backend"),
             ("gloo-transposed", "backend-transposed"), ("gloo-gather", "backend-gather"),
+            ("gloo-scatter", "backend-scatter"), ("gloo-barrier", "backend-barrier"),
+            ("gloo-gather", "direct-gather"), ("gloo-scatter", "direct-scatter"), ("gloo-barrier", "direct-barrier"),
             ("gloo-distinct", "backend-distinct"), ("gloo-fresh", "backend-fresh"), ("backend-fresh", "backend"),
         )
         for a, b in pairs:

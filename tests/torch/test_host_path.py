@@ -1,8 +1,9 @@
-"""The gloo engine's host path (denseccl/backends/gloo/host.py) on real ranks: torchrun with 2
-ranks and 4 ranks on one core, mp.spawn with 3. tests/torch/ranks/host_path.py has the cases:
-every dtype and op, layouts, ranks that run ahead, back-to-back calls (which caught a single
-slot per rank: 50-350 wrong results in 3000), a rank on the general path, a mismatch, and the
-calls that stay on gloo."""
+"""The shared-memory engine (denseccl/backends/shm), which the gloo engine hands its small calls
+to, on real ranks: torchrun with 2 ranks and 4 ranks on one core, mp.spawn with 3.
+tests/torch/ranks/host_path.py has the cases: every dtype and op, layouts, ranks that run
+ahead, back-to-back calls (which caught a single slot per rank: 50-350 wrong results in 3000),
+a rank on the general path, a rank whose engine refuses, barriers, a mismatch, the calls that
+stay on gloo, and drawn layouts of every collective but all-to-all."""
 
 from __future__ import annotations
 
@@ -109,3 +110,55 @@ def test_drawn_layouts_on_the_host_path(n: int, batch: list, tmp_path: Path) -> 
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
                 str(PROGRAM), "layouts", str(path)], timeout=300)
     expect_passed(done, n)
+
+
+@st.composite
+def gather_cases(draw: Any) -> Dict[str, Any]:
+    """One allgather, reduce-scatter or barrier: dtype (every one gloo moves; reductions on
+    those it reduces), op, and a layout as :func:`cases` draws it, up to past the limit."""
+    lib = draw(st.sampled_from(["numpy", "torch"]))
+    collective = draw(st.sampled_from(["allgather", "reduce_scatter", "reduce_scatter", "barrier"]))
+    moved = DTYPES[lib] + (["int16", "uint16", "uint32"] if lib == "numpy" and collective == "allgather" else [])
+    dtype = draw(st.sampled_from(moved))
+    ndim = draw(st.integers(0, 4))
+    shape = draw(st.lists(st.one_of(st.integers(1, 6), st.integers(0, 3)), min_size=ndim, max_size=ndim))
+    if draw(st.integers(0, 9)) == 0 and ndim:
+        shape[0] = 4200  # past 64 KiB in one slot for most dtypes: gloo
+    low = -9 if lib == "numpy" else 0
+    return {
+        "collective": collective, "dtype": dtype, "lib": lib,
+        "op": draw(st.sampled_from(ops_for(dtype))) if collective == "reduce_scatter" else None,
+        "root": 0, "shape": shape, "order": list(draw(st.permutations(range(ndim)))),
+        "flips": draw(st.lists(st.sampled_from(range(ndim)), unique=True)) if ndim and lib == "numpy" else [],
+        "odd": draw(st.lists(st.integers(low, 9), min_size=ndim, max_size=ndim)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@settings(
+    max_examples=2, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a job
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(batch=st.lists(gather_cases(), min_size=30, max_size=30))
+def test_drawn_gathers_and_barriers_through_shared_memory(n: int, batch: list, tmp_path: Path) -> None:
+    path = tmp_path / f"gathers-{n}.json"
+    path.write_text(json.dumps(batch))
+    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                str(PROGRAM), "layouts", str(path)], timeout=300)
+    expect_passed(done, n)
+
+
+@pytest.mark.skipif(TASKSET is None, reason="taskset is not installed")
+@settings(
+    max_examples=1, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a job
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+@given(batch=st.lists(gather_cases(), min_size=25, max_size=25))
+def test_drawn_gathers_with_four_ranks_on_one_core(batch: list, tmp_path: Path) -> None:
+    """Crowded: every wait on the board yields, then sleeps on its doorbell."""
+    path = tmp_path / "gathers-crowded.json"
+    path.write_text(json.dumps(batch))
+    done = run([TASKSET, "-c", "0", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                "4", str(PROGRAM), "layouts", str(path)], timeout=400)
+    expect_passed(done, 4)

@@ -1,5 +1,6 @@
 """An interrupt (KeyboardInterrupt) in each wait of a collective on the gloo engine under
-torchrun: the host path's step (a repeated small in-place allreduce), the board's step of a
+torchrun: the shared-memory engine's step (a repeated small in-place allreduce; a first-call
+form's allreduce, allgather and reduce-scatter, their data in the step), the board's step of a
 call through gloo, gloo's transfer, and the agreement over gloo with the board off. No rank
 ever returns a value paired with another call's (tests/mpi/ranks/interrupts.py). Before
 interrupts broke the communicator, an interrupted host-path call made rank 1 give 10 and get
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.torch
 #: (the wait interrupted, the call's form, elements, board on)
 CASES = [
     ("agreement", "inplace", 512, "1"),  # the host path
-    ("agreement", "out", 512, "1"),
+    ("agreement", "out", 512, "1"),  # shared memory, the data in the agreement step
+    ("agreement", "allgather", 512, "1"),  # the same
+    ("agreement", "reduce_scatter", 256, "1"),  # the same: the whole input, 2-3 blocks, fits a slot
     ("transfer", "out", 1 << 16, "1"),
     ("agreement", "inplace", 512, "0"),  # gloo's own agreement round: the news is a key on the store
     ("transfer", "out", 1 << 16, "0"),

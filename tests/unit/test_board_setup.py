@@ -300,7 +300,7 @@ def test_the_environment_report_names_the_agreement_path(monkeypatch: pytest.Mon
     assert set(paths) == {"mpiexec, srun", "torchrun, spawn, store"}
     if segment.available():
         assert "no store operation per call" in paths["torchrun, spawn, store"]
-        assert "broadcast of up to 65536 bytes move through the board's segment" in paths["torchrun, spawn, store"]
+        assert "barriers) of up to 65536 bytes move through the board's segment" in paths["torchrun, spawn, store"]
         monkeypatch.setenv("DENSECCL_HOST_PATH", "0")
         assert "DENSECCL_HOST_PATH=0: every gloo engine call through gloo" in envreport.agreement_paths()[
             "torchrun, spawn, store"

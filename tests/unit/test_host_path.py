@@ -1,6 +1,6 @@
-"""The host path's pieces without ranks (backends/gloo/host.py): its setting, the data area's
-size, which calls fit, and the slots it lays over the area. Real ranks:
-tests/torch/test_host_path.py."""
+"""The shared-memory engine's pieces without ranks (backends/shm): its setting, the data area's
+size, which calls fit, and the slots it lays over the area. Its calls on threads:
+tests/unit/test_shm_threads.py; on real ranks: tests/torch/test_host_path.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from denseccl import config  # noqa: E402
-from denseccl.backends.gloo.host import ALIGN, HostPath, area_bytes, average, slot_bytes  # noqa: E402
+from denseccl.backends.shm.area import ALIGN, Area, area_bytes, average, slot_bytes  # noqa: E402
+from denseccl.backends.shm.transport import ShmTransport  # noqa: E402
 from denseccl.channel.board import Board, page_bytes  # noqa: E402
+from denseccl.dtypes import DTYPES  # noqa: E402
 from denseccl.errors import DenseCCLError  # noqa: E402
+from denseccl.ops import PreMulSum, ReduceOp  # noqa: E402
+
+from .shm_threads import Refused  # noqa: E402
 
 
 def test_the_setting() -> None:
@@ -32,15 +37,21 @@ def board_with_area(limit: int, size: int = 3, rank: int = 1) -> Board:
 
 
 def test_what_fits() -> None:
-    host = HostPath(board_with_area(100), 100)
-    assert host.fits("allreduce", 100) and host.fits("reduce", 8) and host.fits("broadcast", 1)
-    assert not host.fits("allreduce", 101) and not host.fits("allreduce", 0)
-    assert not host.fits("allgather", 8) and not host.fits("reduce_scatter", 8)
+    host = ShmTransport(board_with_area(100), 100, Refused(3))
+    u8, f32, u16 = DTYPES["uint8"], DTYPES["float32"], DTYPES["uint16"]
+    assert host.fits("allreduce", 100, u8) and host.fits("reduce", 2, f32) and host.fits("broadcast", 1, u8)
+    assert not host.fits("allreduce", 101, u8) and not host.fits("allreduce", 0, u8)
+    assert not host.fits("allreduce", 26, f32)
+    assert host.fits("allgather", 100, u8) and not host.fits("allgather", 101, u8)
+    assert host.fits("allgather", 50, u16) and not host.fits("allreduce", 1, u16)  # gathered as bytes, not reduced
+    assert host.fits("reduce_scatter", 33, u8) and not host.fits("reduce_scatter", 34, u8)  # the whole input: 3 blocks
+    assert host.fits("barrier", 0, None)
+    assert not host.fits("allreduce", 4, f32, PreMulSum(0.5)) and host.fits("allreduce", 4, f32, ReduceOp.AVG)
 
 
 def test_each_slot_is_its_own_memory_in_the_area() -> None:
     board = board_with_area(100)
-    slots = HostPath(board, 100).slots(25, torch.float32)
+    slots = Area(board.data, 3, 100).slots(25, torch.float32)  # type: ignore[arg-type]
     assert [len(row) for row in slots] == [3, 3]
     for parity in (0, 1):
         for rank in range(3):

@@ -6,7 +6,8 @@ tensors, and a span is exactly that, so the same core (layout rule, agreement, e
 gloo with one gloo call per collective. :mod:`.init` (the set-up) meets on a torch key-value
 store; :mod:`.transport` holds the transport and the control channel, each on a gloo group of
 its own; :mod:`.held` keeps the tensors gloo was given until its threads let go of them. gloo's
-wait blocks inside the library (its threads move the data), so a repeated call is prepared only
-where the ranks share a host: the host path (:mod:`.host`), through the board's data area.
+wait blocks inside the library (its threads move the data), so where the ranks share a host the
+transport hands its small calls to the shared-memory engine (denseccl/backends/shm), which moves
+them through the board's data area.
 torch is imported only when a communicator is made.
 """

@@ -31,8 +31,9 @@ from ...errors import ArgumentError, DenseCCLError, OpError, peer_gave_up_error,
 from ...ops import Op, PreMulSum, ReduceOp, op_kind, reduction_kind
 from ...channel.base import ControlChannel, StoreNews
 from ...transport import Pending, Start, Transport, is_timeout, split_members
+from ..shm.area import area_bytes, average
+from ..shm.transport import ShmTransport
 from .held import Held
-from .host import HostPath, area_bytes, average
 
 #: every dtype denseccl knows, as torch's; those gloo cannot carry move as bytes
 _TORCH: Dict[str, Any] = {
@@ -235,8 +236,9 @@ class GlooTransport(_GlooGroup, Transport):
     def __init__(self, group: Any, store: Any, prefix: str, timeout: Optional[float]) -> None:
         super().__init__(group, store, prefix, timeout)
         self._spares = []
-        #: the host path of small repeated allreduces (host.py), where the ranks share one host
-        self.host: Optional[HostPath] = None
+        #: the shared-memory engine (backends/shm) this one hands its small calls to, where the
+        #: ranks share one host; None elsewhere
+        self.host: Optional[ShmTransport] = None
         #: raises once a peer gave up (:meth:`hear`)
         self.watch: Optional[Callable[[], None]] = None
 
@@ -366,26 +368,25 @@ class GlooTransport(_GlooGroup, Transport):
     def prepare(
         self, collective: str, count: int, dtype: DType, op: Optional[Op] = None, root: int = 0
     ) -> Optional[Start]:
-        """A small allreduce, reduce or broadcast of ranks on one host: the host path (host.py).
-        Anything else runs the general path each time (gloo's wait blocks in the library:
-        GlooPending.blocks)."""
+        """A small repeated allreduce, reduce or broadcast of ranks on one host: the shared-memory
+        engine's (backends/shm/repeated.py). Anything else runs the general path each time
+        (gloo's wait blocks in the library: GlooPending.blocks)."""
         host = self.host
-        if host is None or isinstance(op, PreMulSum) or dtype.name not in _GLOO_TYPES:
-            return None
-        if not host.fits(collective, count * dtype.itemsize):
-            return None
-        fallbacks: Dict[str, Callable[[int], Pending]] = {
-            "allreduce": lambda address: self.allreduce(address, address, count, dtype, op),  # type: ignore[arg-type]
-            "reduce": lambda address: self.reduce(address, address, count, dtype, op, root),  # type: ignore[arg-type]
-            "broadcast": lambda address: self.broadcast(address, count, dtype, root),
-        }
-        return host.prepare(
-            collective, count, dtype, _TORCH[dtype.name], op, root, lambda address: span_tensor(address, count, dtype),
-            fallbacks[collective],
-        )
+        return None if host is None else host.prepare(collective, count, dtype, op, root)
+
+    def once(
+        self, collective: str, send: int, recv: int, count: int, dtype: Optional[DType], op: Optional[Op] = None,
+        root: int = 0,
+    ) -> Optional[Start]:
+        """A small call of ranks on one host, its data moved in its agreement step: the
+        shared-memory engine's (backends/shm/first.py), which falls back to this one."""
+        host = self.host
+        return None if host is None else host.once(collective, send, recv, count, dtype, op, root)
 
     def close(self) -> None:
         self._spares.clear()
+        if self.host is not None:
+            self.host.close()
         self.host = None
         super().close()
 
@@ -458,9 +459,9 @@ def open_gloo(
     board = channel.host_data() if isinstance(channel, SharedControl) else None
     if board is not None:
         limit = channel.layout.host_path  # type: ignore[attr-defined]  # the smallest of every rank's
-        transport.host = HostPath(board, limit)
-        log.info("gloo engine: repeated allreduce, reduce and broadcast of up to %d bytes through this host's "
-                 "shared memory (DENSECCL_HOST_PATH)", limit)
+        transport.host = ShmTransport(board, limit, transport)
+        log.info("gloo engine: calls of up to %d bytes through this host's shared memory (backends/shm, "
+                 "DENSECCL_HOST_PATH)", limit)
     return transport, channel
 
 

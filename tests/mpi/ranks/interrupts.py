@@ -8,8 +8,10 @@ the call, so rank 0 waits in the agreement step; ``transfer``: inside the transp
 after the agreement, so rank 0 waits for the transfer) while a timer raises KeyboardInterrupt in rank 0 a random time
 into its wait. ``FORM``: ``inplace`` (repeated in-place calls: the prepared path, on the gloo
 engine the host path) or ``out`` (out-of-place: validated each time, the transport called each
-time, as the ``transfer`` wait needs). Rank 0 then does what a notebook user does after Ctrl-C: it calls again, with
-the next call's input. Every rank keeps calling until a call raises.
+time, as the ``transfer`` wait needs), ``allgather`` or ``reduce_scatter`` (into a given array;
+on the gloo engine's one host through shared memory, the data in the agreement step). Rank 0
+then does what a notebook user does after Ctrl-C: it calls again, with the next call's input.
+Every rank keeps calling until a call raises.
 
 Checked on every rank: no call ever returns a value other than the sum of every rank's input
 of that same call (a call paired with another's); the victim's interrupted call breaks the
@@ -62,6 +64,7 @@ def main() -> None:
         transport.allreduce_now = held
     x = np.zeros(elements, np.float64)
     y = np.zeros(elements, np.float64)
+    stacked = np.zeros((size, elements), np.float64)  # an allgather's output, a reduce-scatter's input
     interrupted, ended = None, None
     for call in range(CALLS):
         x[:] = call * 100 + rank + 1
@@ -73,7 +76,14 @@ def main() -> None:
             elif wait == "agreement":
                 time.sleep(HOLD)
         try:
-            comm.allreduce(x) if form == "inplace" else comm.allreduce(x, out=y)
+            if form == "allgather":
+                stacked[:] = -1.0
+                comm.allgather(x, out=stacked)
+            elif form == "reduce_scatter":
+                stacked[:] = x
+                comm.reduce_scatter(stacked, out=y)
+            else:
+                comm.allreduce(x) if form == "inplace" else comm.allreduce(x, out=y)
         except KeyboardInterrupt:
             interrupted = call
             continue
@@ -82,6 +92,11 @@ def main() -> None:
             break
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if form == "allgather":
+            blocks = [call * 100 + r + 1 for r in range(size)]
+            check.check(np.array_equal(stacked[:, 0], blocks) and bool(np.all(stacked == stacked[:, :1])),
+                        f"call {call}: gathered {stacked[:, 0]}, not every rank's input of this call {blocks}")
+            continue
         result = x if form == "inplace" else y
         check.check(np.all(result == expected), f"call {call}: got {result[0]}, every rank's inputs sum to {expected}")
     if rank == 0:

@@ -1,5 +1,5 @@
-"""Rank program: the gloo engine's host path (denseccl/backends/gloo/host.py) under torchrun or
-mp.spawn.
+"""Rank program: the shared-memory engine (denseccl/backends/shm) that the gloo engine hands its
+small calls to, under torchrun or mp.spawn.
 
 usage: host_path.py [spawn N | paused | layouts CASES.json]   (torchrun sets the ranks; "spawn N" starts N itself)
 
@@ -12,14 +12,16 @@ dtype (the order the host path promises), and compared across ranks bit for bit:
   which the communicator validates on every call);
 - repeated in-place reduce and broadcast, every root: the same, and a non-root's reduce input
   left as it was;
-- a rank on the general path (a tensor subclass) while the others replay: every rank falls back
-  to gloo for that call, results right;
+- a rank on the general path (a tensor subclass) while the others replay: the first-call form
+  moves through the same slots, no gloo call; a rank whose engine refuses a call that its peers
+  take: every rank falls back to gloo for that call, results right;
+- barriers: a rank late to one holds every peer there, and none is a gloo call;
 - a layout mismatch on a replayed geometry: MismatchError on every rank, buffers untouched,
   the communicator usable;
 - a call above DENSECCL_HOST_PATH bytes, and the agreement step off: gloo;
 - with DENSECCL_HOST_PATH=0 in the environment: no host path at all;
 - paused: a rank stopped between the step and its reduce (see :func:`paused`);
-- layouts: drawn layouts, dtypes, ops and roots (see :func:`layouts`).
+- layouts: drawn layouts, dtypes, ops and roots of every collective but all-to-all (see :func:`layouts`).
 """
 
 from __future__ import annotations
@@ -96,12 +98,12 @@ def reference(seed: int, size: int, dtype: torch.dtype, op: Any) -> torch.Tensor
 
 
 class Counted:
-    """Counts a communicator's gloo calls: allreduces (``calls``) and reduces and broadcasts with
-    them (``gloo``). The host path makes none."""
+    """Counts a communicator's gloo calls: allreduces (``calls``) and every collective with them
+    (``gloo``). The shared-memory engine makes none."""
 
     def __init__(self, transport: Any) -> None:
         self.calls = self.gloo = 0
-        for name in ("allreduce", "reduce", "broadcast"):
+        for name in ("allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "barrier"):
             setattr(transport, name, self.counting(getattr(transport, name), name == "allreduce"))
 
     def counting(self, original: Callable[..., Any], allreduce: bool) -> Callable[..., Any]:
@@ -117,6 +119,13 @@ def same_everywhere(comm: denseccl.Communicator, x: torch.Tensor) -> bool:
     """Whether every rank holds the same bits in ``x``."""
     mine = x.contiguous().reshape(-1).view(torch.uint8).numpy().copy()
     every = comm.allgather(mine)
+    return all(np.array_equal(block, every[0]) for block in every)
+
+
+def same_bits_everywhere(comm: denseccl.Communicator, x: np.ndarray) -> bool:
+    """Whether every rank holds the same bits in the NumPy array ``x`` (any shape, even empty)."""
+    mine = np.frombuffer(np.ascontiguousarray(x).tobytes(), dtype=np.uint8).copy()
+    every = comm.allgather(mine) if mine.size else [mine]
     return all(np.array_equal(block, every[0]) for block in every)
 
 
@@ -212,9 +221,35 @@ def mixed(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: i
     y = torch.nn.Parameter(torch.ones(64), requires_grad=False) if rank == 0 else x
     with torch.no_grad():
         y.fill_(float(rank + 1))
-        comm.allreduce(y)
+        comm.allreduce(y)  # rank 0: the first-call form, through the same slots
     check.check(torch.equal(y.detach(), torch.full((64,), float(sum(range(1, size + 1))))), f"mixed: {y[:4]}")
-    check.check(counted.calls == before + 1, f"mixed: {counted.calls - before} gloo calls, expected the fallback's 1")
+    check.check(counted.calls == before, f"mixed: {counted.calls - before} gloo calls, expected none")
+    host = comm.flow.transport.host
+    limit = host.limit
+    if rank == 0:  # this rank's engine refuses the call its peers take (posts UNPLANNED): all fall back
+        host.limit = 0
+    z = torch.ones(32)
+    for call in range(3):
+        z.fill_(float(rank + 1 + call))
+        comm.allreduce(z)
+        want = float(sum(range(1, size + 1)) + size * call)
+        check.check(torch.equal(z, torch.full((32,), want)), f"refused on rank 0, call {call}: {z[:4]}")
+    host.limit = limit
+    check.check(counted.calls == before + 3, f"refused: {counted.calls - before} gloo calls, expected the fallback's 3")
+
+
+def barriers(check: Checker, comm: denseccl.Communicator, counted: Counted, rank: int, size: int) -> None:
+    """A barrier holds every rank until the last arrives (rank 0, 0.3 s late); none is a gloo call."""
+    comm.barrier()
+    before = counted.gloo
+    for late in range(2):
+        if rank == 0:
+            time.sleep(0.3)
+        began = time.monotonic()
+        comm.barrier()
+        held = time.monotonic() - began
+        check.check(rank == 0 or held > 0.2, f"barrier {late}: rank {rank} left after {held:.3f} s, before rank 0 came")
+    check.check(counted.gloo == before, f"barriers: {counted.gloo - before} gloo calls")
 
 
 def mismatch(check: Checker, comm: denseccl.Communicator, rank: int, size: int) -> None:
@@ -242,9 +277,21 @@ def on_gloo(check: Checker, comm: denseccl.Communicator, numel: int, what: str) 
 
 
 def gloo_only(check: Checker) -> None:
-    """A call one element over the limit, and the agreement step off: gloo."""
+    """A call one element over the limit, and the agreement step off: gloo (gathers, scatters
+    and barriers too: with no step there is nothing to order the slots)."""
     on_gloo(check, denseccl.init(backend="gloo"), denseccl.config.settings().host_path // 4 + 1, "over the limit")
     on_gloo(check, denseccl.init(backend="gloo", check="off"), 16, "check off")
+    comm = denseccl.init(backend="gloo", check="off")
+    counted = Counted(comm.flow.transport)
+    size, rank = comm.size, comm.rank
+    for call in range(2):
+        comm.barrier()
+        every = comm.allgather(torch.full((8,), float(rank + call)))
+        check.check(torch.equal(every[:, 0], torch.arange(size, dtype=torch.float32) + call), f"check off: {every}")
+        part = comm.reduce_scatter(torch.ones(size, 8) * (rank + 1))
+        check.check(torch.equal(part, torch.full((8,), float(sum(range(1, size + 1))))), f"check off: {part}")
+    check.check(counted.gloo == 6, f"check off: {counted.gloo} gloo calls of barriers, gathers and scatters, not 6")
+    comm.close()
 
 
 def turned_off(check: Checker) -> None:
@@ -306,6 +353,9 @@ def layouts(check: Checker, rank: int, size: int, path: str) -> None:
         shape, strides, dtype, collective = tuple(case["shape"]), strides_for(case), case["dtype"], case["collective"]
         raw, root, what = case.get("op"), case["root"] % size, describe(case)
         op = None if raw is None else as_denseccl_op(raw)
+        if collective in ("allgather", "reduce_scatter", "barrier"):
+            gathers(check, comm, counted, case, rank, size, limit)
+            continue
         x = build(case, values(case, rank, shape), strides)
         for salt in range(3):
             inputs = [to_numpy(build(case, values(case, r, shape, salt), strides)) for r in range(size)]
@@ -323,10 +373,49 @@ def layouts(check: Checker, rank: int, size: int, path: str) -> None:
             else:
                 comm.allreduce(x, op=op)
                 compare(check, f"{what} call {salt}", to_numpy(x), inputs, dtype, raw, size)
+                check.check(same_bits_everywhere(comm, to_numpy(x)), f"{what} call {salt}: ranks differ")
             nbytes = x.nbytes if isinstance(x, np.ndarray) else x.numel() * x.element_size()
-            if salt and 0 < nbytes <= limit and not isinstance(raw, dict):  # a PreMulSum: never cached
-                check.check(counted.gloo == before, f"{what} call {salt}: a gloo call, not the host path")
+            if 0 < nbytes <= limit and not isinstance(raw, dict):  # a PreMulSum: gloo
+                check.check(counted.gloo == before, f"{what} call {salt}: a gloo call, not shared memory")
     comm.close()
+
+
+def gathers(
+    check: Checker, comm: denseccl.Communicator, counted: Counted, case: Dict[str, Any], rank: int, size: int,
+    limit: int,
+) -> None:
+    """One drawn allgather, reduce-scatter or barrier three times: the first into a new stacked
+    array, the others into a given one (the stacked array of the first call: the into-tensor
+    form), or from a stacked input into a new array, then into a given one. Results against
+    every rank's inputs; through shared memory (no gloo call) where the bytes fit a slot."""
+    shape, strides, dtype, collective = tuple(case["shape"]), strides_for(case), case["dtype"], case["collective"]
+    raw, what = case.get("op"), describe(case)
+    op = None if raw is None else as_denseccl_op(raw)
+    numel = int(np.prod(shape)) if shape else 1
+    itemsize = np.dtype("float32" if dtype == "bfloat16" else dtype).itemsize // (2 if dtype == "bfloat16" else 1)
+    out: Any = None
+    for salt in range(3):
+        before = counted.gloo
+        if collective == "barrier":
+            comm.barrier()
+            fits = True
+        elif collective == "allgather":
+            inputs = [to_numpy(build(case, values(case, r, shape, salt), strides)) for r in range(size)]
+            x = build(case, values(case, rank, shape, salt), strides)
+            out = comm.allgather(x, out=out)
+            for r in range(size):
+                check.check(same_values(to_numpy(out[r, ...]), inputs[r]), f"{what} call {salt}: block {r} differs")
+            fits = numel * itemsize <= limit
+        else:
+            stacked_shape, stacked_strides = (size, *shape), (numel, *strides)
+            full = [values(case, r, stacked_shape, salt) for r in range(size)]
+            inputs = [to_numpy(build(case, full[r][rank, ...], strides)) for r in range(size)]
+            x = build(case, full[rank], stacked_strides)
+            out = comm.reduce_scatter(x, op=op, out=out)
+            compare(check, f"{what} call {salt}", to_numpy(out), inputs, dtype, raw, size)
+            fits = size * numel * itemsize <= limit and not isinstance(raw, dict)
+        if fits and numel:
+            check.check(counted.gloo == before, f"{what} call {salt}: a gloo call, not shared memory")
 
 
 def main(rank: int, size: int) -> None:
@@ -353,6 +442,7 @@ def main(rank: int, size: int) -> None:
     rooted(check, comm, counted, rank, size)
     numpy_layouts(check, comm, counted, rank, size)
     mixed(check, comm, counted, rank, size)
+    barriers(check, comm, counted, rank, size)
     mismatch(check, comm, rank, size)
     comm.close()
     gloo_only(check)

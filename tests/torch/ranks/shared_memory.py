@@ -59,6 +59,15 @@ def calls(check: Checker, comm: Any, rank: int, size: int, name: str) -> None:
     y = torch.full((1000,), float(rank))
     comm.broadcast(y, root=size - 1)
     check.check(torch.equal(y, torch.full((1000,), float(size - 1))), f"{name}: broadcast gave {y[:3]}")
+    for round_ in range(3):  # through the segment too: allgather, reduce-scatter, barrier
+        comm.barrier()
+        z = torch.full((3, 5), float(rank + round_)).t()
+        every = comm.allgather(z)
+        want = torch.stack([torch.full((5, 3), float(r + round_)) for r in range(size)])
+        check.check(torch.equal(every, want), f"{name}: allgather {round_} gave {every[:, 0, 0]}")
+        part = comm.reduce_scatter(torch.arange(size * 7, dtype=torch.int64).view(size, 7) * (rank + 1))
+        want_part = torch.arange(rank * 7, rank * 7 + 7, dtype=torch.int64) * int(total)
+        check.check(torch.equal(part, want_part), f"{name}: reduce_scatter {round_} gave {part}")
 
 
 def full(check: Checker, rank: int, size: int) -> None:
