@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..config import launched_by_mpi
 from . import init_process_group
-from .single_tensor import all_gather_single
+from .single_tensor import all_gather_single, reduce_scatter_single
 
 
 def _channels_last(numel: int) -> torch.Tensor:
@@ -92,8 +92,8 @@ def main() -> None:
         "gloo-transposed": lambda: dist.all_reduce(square, group=gloo),
         "backend-gather": lambda: all_gather_single(gathered, small),
         "gloo-gather": lambda: all_gather_single(gathered, small, group=gloo),
-        "backend-scatter": lambda: dist.reduce_scatter_tensor(part, whole),
-        "gloo-scatter": lambda: dist.reduce_scatter_tensor(part, whole, group=gloo),
+        "backend-scatter": lambda: reduce_scatter_single(part, whole),
+        "gloo-scatter": lambda: reduce_scatter_single(part, whole, group=gloo),
         "direct-scatter": lambda: direct.reduce_scatter(whole.view(dist.get_world_size(), numel), out=part),
         "direct-gather": lambda: direct.allgather(small, out=gathered.view(dist.get_world_size(), *small.shape)),
         "direct-barrier": lambda: direct.barrier(),
