@@ -9,7 +9,7 @@ Rows, each a 64 MiB float32 channels-last allreduce unless said otherwise: ``dir
 group's own denseccl communicator), ``backend`` (``dist.all_reduce``), ``gloo`` (a gloo group
 of the same ranks), ``gloo-contiguous`` (gloo on a row-major tensor, its best case),
 ``*-transposed`` (a transposed 2-D tensor), ``*-gather`` (all_gather_single into a channels-last
-output), ``*-scatter`` (reduce_scatter_tensor of a flat input, ``mib`` per rank's output),
+output), ``*-scatter`` (reduce_scatter_single of a flat input, ``mib`` per rank's output),
 ``*-barrier`` (no data; ``direct-*``: the group's own communicator for these three too),
 ``*-distinct`` (a tensor of its own per call) and ``*-fresh`` (a tensor made inside the
 timed loop). A round is a barrier, then ``iters`` calls (the mean per call, averaged over
