@@ -107,19 +107,19 @@ def main() -> None:
         check.check(ended is not None and ended[0] <= ARMED + 1, f"a peer of the interrupted rank ended {ended}")
     check.check(comm.flow.broken is not None, "the communicator is not marked broken")
     print(f"rank {rank}: interrupted {interrupted}, ended {ended}", flush=True)
-    # the victim ends first: it waits until every peer has reported (a file each in
-    # INTERRUPT_DIR), since a rank's exit may end the job
+    # no rank leaves before every rank has reported (a file each in INTERRUPT_DIR): a rank that
+    # ends without MPI_Finalize may make mpiexec end the whole job, peers' reports unprinted
     check.finish(hard_exit=True, before_exit=lambda: reported(rank, size, os.environ["INTERRUPT_DIR"]))
 
 
 def reported(rank: int, size: int, folder: str) -> None:
-    """A peer says it has reported; the victim waits (at most a minute) until all have."""
-    if rank:
-        open(os.path.join(folder, str(rank)), "w").close()
-        return
+    """Say this rank has reported, then wait (at most a minute) until every rank has, and a
+    moment more for the launcher to pass the last lines on."""
+    open(os.path.join(folder, str(rank)), "w").close()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(os.listdir(folder)) < size - 1:
+    while time.monotonic() < deadline and len(os.listdir(folder)) < size:
         time.sleep(0.05)
+    time.sleep(0.3)
 
 
 if __name__ == "__main__":
