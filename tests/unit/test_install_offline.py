@@ -47,7 +47,9 @@ def test_offline_build_with_the_environments_setuptools(tmp_path):
     setuptools = pytest.importorskip("setuptools")
     required = re.search(r'requires = \["setuptools>=(\d+)"\]', PYPROJECT)
     assert required, "the build requirement is not a plain setuptools lower bound"
-    assert int(setuptools.__version__.split(".")[0]) >= int(required.group(1)), setuptools.__version__
+    if int(setuptools.__version__.split(".")[0]) < int(required.group(1)):  # an old Python's venv (launch/versions)
+        pytest.skip(f"this environment's setuptools {setuptools.__version__} is older than the build needs "
+                    f"(>= {required.group(1)}): an offline build needs that one installed first")
     source = tmp_path / "src"
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
