@@ -98,14 +98,22 @@ def cases(draw: Any) -> Dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("n", [2, 3])
-@settings(
-    max_examples=2, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a job
+#: hypothesis settings of a test whose every example is a torchrun job
+JOBS = settings(
+    max_examples=2, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@JOBS
 @given(batch=st.lists(cases(), min_size=30, max_size=30))
 def test_drawn_layouts_on_the_host_path(n: int, batch: list, tmp_path: Path) -> None:
-    path = tmp_path / f"cases-{n}.json"
+    run_batch(n, batch, tmp_path / f"cases-{n}.json")
+
+
+def run_batch(n: int, batch: list, path: Path) -> None:
+    """One torchrun job of ``n`` ranks over the drawn ``batch`` (written to ``path``)."""
     path.write_text(json.dumps(batch))
     done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
                 str(PROGRAM), "layouts", str(path)], timeout=300)
@@ -136,17 +144,10 @@ def gather_cases(draw: Any) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("n", [2, 3])
-@settings(
-    max_examples=2, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # each example is a job
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
-)
+@JOBS
 @given(batch=st.lists(gather_cases(), min_size=30, max_size=30))
 def test_drawn_gathers_and_barriers_through_shared_memory(n: int, batch: list, tmp_path: Path) -> None:
-    path = tmp_path / f"gathers-{n}.json"
-    path.write_text(json.dumps(batch))
-    done = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                str(PROGRAM), "layouts", str(path)], timeout=300)
-    expect_passed(done, n)
+    run_batch(n, batch, tmp_path / f"gathers-{n}.json")
 
 
 @pytest.mark.skipif(TASKSET is None, reason="taskset is not installed")
